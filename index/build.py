@@ -1,0 +1,213 @@
+"""Candidates -> a validated, committed index version.
+
+    python -m index.build                   # chitchat train split, best bundle
+    python -m index.build --if-missing      # only if no version matches the bundle
+
+Every distinct text is encoded once: the encoder graph returns the context
+and the reply vector in one pass, and a turn is often both a stored reply and
+a stored query.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import faiss
+import numpy as np
+from tqdm import tqdm
+
+from app.engine.bundle import best_bundle, read_manifest
+from app.engine.encoder import Encoder
+from app.engine.text import normalize
+from index import ann
+from index.store import IndexManifest, IndexStore
+
+SELF_RETRIEVAL_SAMPLE = 200
+MIN_SELF_RETRIEVAL = 0.99  # a stored reply must find itself; less means a broken index or model
+
+
+@dataclass(frozen=True)
+class Candidate:
+    reply: str
+    query: str | None = None  # the utterance this reply answered, for query similarity
+    id: str | None = None  # caller-chosen id; defaults to a hash of the normalised reply
+
+
+def candidate_id(reply: str) -> str:
+    return hashlib.sha1(normalize(reply).encode()).hexdigest()[:16]
+
+
+@dataclass
+class Tables:
+    reply_ids: list[str]  # [R]
+    reply_texts: list[str]  # [R]
+    query_texts: list[str]  # [Q]
+    query_reply_rows: list[int]  # [Q]
+
+
+def tables(candidates: Sequence[Candidate]) -> Tables:
+    """Replies deduplicated by normalised text (first id wins); each distinct
+    normalised query points at the reply it was first paired with."""
+    reply_row: dict[str, int] = {}
+    t = Tables([], [], [], [])
+    seen_queries: set[str] = set()
+    for c in candidates:
+        key = normalize(c.reply)
+        if key not in reply_row:
+            reply_row[key] = len(t.reply_texts)
+            t.reply_ids.append(c.id or candidate_id(c.reply))
+            t.reply_texts.append(c.reply)
+        if c.query:
+            query_key = normalize(c.query)
+            if query_key not in seen_queries:
+                seen_queries.add(query_key)
+                t.query_texts.append(c.query)
+                t.query_reply_rows.append(reply_row[key])
+    return t
+
+
+def encode_all(
+    encoder: Encoder, t: Tables, batch_size: int = 64, progress: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
+    """Returns (reply vectors [R, D], query vectors [Q, D])."""
+    texts = list(dict.fromkeys(t.reply_texts + t.query_texts))
+    row = {text: i for i, text in enumerate(texts)}
+    context = np.empty((len(texts), encoder.dim), dtype=np.float32)  # [U, D]
+    reply = np.empty_like(context)  # [U, D]
+    order = np.argsort([len(x) for x in texts], kind="stable")
+    bar = tqdm(total=len(texts), desc="encode", unit="text", disable=not progress, file=sys.stderr)
+    for start in range(0, len(texts), batch_size):
+        rows = order[start : start + batch_size]
+        context[rows], reply[rows] = encoder.encode_both([texts[i] for i in rows])
+        bar.update(len(rows))
+    bar.close()
+    reply_vectors = reply[[row[x] for x in t.reply_texts]]  # [R, D]
+    query_vectors = context[[row[x] for x in t.query_texts]]  # [Q, D]
+    return reply_vectors, query_vectors
+
+
+def self_retrieval(index: faiss.Index, vectors: np.ndarray, seed: int = 0) -> float:
+    """Share of sampled rows whose own vector comes back at (near) full score.
+
+    Scored by similarity, not row id: two normalised-distinct replies such as
+    "hello" and "hello." can share a vector.
+    """
+    rng = np.random.default_rng(seed)
+    rows = rng.choice(len(vectors), size=min(len(vectors), SELF_RETRIEVAL_SAMPLE), replace=False)
+    scores, _ = index.search(np.ascontiguousarray(vectors[rows]), 1)  # [S, 1]
+    return float((scores[:, 0] >= 0.999).mean())
+
+
+def build_version(
+    candidates: Sequence[Candidate],
+    encoder: Encoder,
+    bundle_checksum: str,
+    store: IndexStore,
+    source: str,
+    progress: bool = True,
+    on_stage: Callable[[str], None] = lambda stage: None,
+) -> IndexManifest:
+    """Builds, validates and commits a new version. Does not make it current."""
+    started = time.perf_counter()
+    t = tables(candidates)
+    if not t.reply_texts:
+        raise ValueError("no candidates with a reply")
+    on_stage("encode")
+    reply_vectors, query_vectors = encode_all(encoder, t, progress=progress)
+    on_stage("index")
+    reply_index, reply_report = ann.build(reply_vectors)
+    query_index, query_report = (
+        ann.build(query_vectors)
+        if len(query_vectors)
+        else (faiss.IndexFlatIP(encoder.dim), ann.AnnReport("flat", 0, 1.0))
+    )
+
+    on_stage("validate")
+    checks = {"reply_self_retrieval": self_retrieval(reply_index, reply_vectors)}
+    if len(query_vectors):
+        checks["query_self_retrieval"] = self_retrieval(query_index, query_vectors)
+    failed = {k: v for k, v in checks.items() if v < MIN_SELF_RETRIEVAL}
+    if failed or reply_index.d != encoder.dim or reply_index.ntotal != len(t.reply_texts):
+        raise RuntimeError(f"index validation failed: {checks}, dim {reply_index.d}, rows {reply_index.ntotal}")
+
+    on_stage("commit")
+    created = datetime.now(UTC)
+    digest = hashlib.sha1("\n".join(t.reply_ids).encode() + bundle_checksum.encode()).hexdigest()[:6]
+    manifest = IndexManifest(
+        version=f"v{created:%Y%m%dT%H%M%S%f}-{digest}",
+        bundle_checksum=bundle_checksum,
+        bundle_name=encoder.manifest.name,
+        dim=encoder.dim,
+        replies=len(t.reply_texts),
+        queries=len(t.query_texts),
+        source=source,
+        created_at=created.isoformat(timespec="seconds"),
+        build_seconds=round(time.perf_counter() - started, 2),
+        ann={"replies": reply_report.to_dict(), "queries": query_report.to_dict()},
+        checks=checks,
+    )
+    staging = store.stage()
+    try:
+        faiss.write_index(reply_index, str(staging / "replies.faiss"))
+        faiss.write_index(query_index, str(staging / "queries.faiss"))
+        np.save(staging / "reply_vectors.npy", reply_vectors)
+        np.save(staging / "query_vectors.npy", query_vectors)
+        body = {
+            "reply_ids": t.reply_ids,
+            "reply_texts": t.reply_texts,
+            "query_texts": t.query_texts,
+            "query_reply_rows": t.query_reply_rows,
+        }
+        (staging / "candidates.json").write_text(json.dumps(body, ensure_ascii=False))
+        store.commit(staging, manifest)
+    except BaseException:
+        import shutil
+
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return manifest
+
+
+def corpus_candidates(max_context_turns: int) -> list[Candidate]:
+    from models.data import candidate_records, load_pairs
+
+    return [Candidate(reply=r.reply, query=r.query) for r in candidate_records(load_pairs("train", max_context_turns))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--artifacts", type=Path, default=Path("artifacts"))
+    parser.add_argument("--bundle", type=Path, help="bundle directory (default: the best under artifacts/bundles)")
+    parser.add_argument("--if-missing", action="store_true", help="skip if a version for this bundle exists")
+    args = parser.parse_args()
+    bundle_dir = args.bundle or best_bundle(args.artifacts / "bundles")
+    if bundle_dir is None:
+        sys.exit("no model bundle: run `python -m models.export` first")
+    bundle = read_manifest(bundle_dir)
+    store = IndexStore(args.artifacts / "indexes")
+    existing = store.latest_for(bundle.checksum)
+    if args.if_missing and existing:
+        print(f"[index] {existing} already serves {bundle.name}; skipping")
+        store.set_current(existing)
+        return
+    started = time.perf_counter()
+    candidates = corpus_candidates(bundle.max_context_turns)
+    print(f"[index] {len(candidates)} chitchat train candidates in {time.perf_counter() - started:.1f}s")
+    manifest = build_version(candidates, Encoder(bundle_dir, bundle), bundle.checksum, store, "chitchat:train")
+    store.set_current(manifest.version)
+    print(
+        f"[index] {manifest.version}: {manifest.replies} replies, {manifest.queries} queries, "
+        f"ann {manifest.ann}, checks {manifest.checks}, in {manifest.build_seconds:.1f}s"
+    )
+
+
+if __name__ == "__main__":
+    main()
