@@ -1,0 +1,61 @@
+"""The one settings class. Every variable reads from CHITCHAT_<NAME>."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CHITCHAT_", env_file=".env", extra="ignore")
+
+    artifacts_dir: Path = Path("artifacts")
+    # A bundle directory to serve; unset picks the best bundle under artifacts/bundles.
+    bundle_dir: Path | None = None
+
+    # Unset: in-process session store and cache, the single-machine default.
+    redis_url: str | None = None
+    # Every Redis call gives up after this; a reply must not wait on a cache.
+    redis_timeout_ms: int = Field(default=50, ge=1, le=5000)
+    # After a Redis failure, skip Redis for this long instead of paying the timeout per call.
+    redis_retry_after_s: float = Field(default=5.0, ge=0.1, le=600)
+
+    session_ttl_s: int = Field(default=3600, ge=1)
+    # Turns kept per session (user and bot turns both count).
+    session_max_turns: int = Field(default=10, ge=1, le=100)
+    # A session never gets any of the bot's last N replies again.
+    session_no_repeat: int = Field(default=5, ge=0, le=50)
+
+    # In-process LRU in front of Redis: the hottest chat turns are few.
+    cache_local_entries: int = Field(default=20_000, ge=0)
+    cache_ttl_s: int = Field(default=86_400, ge=1)
+
+    # 0 = one thread per core. Requests are encoded one at a time, so all
+    # cores go to one request's matrix multiplications.
+    ort_intra_op_threads: int = Field(default=0, ge=0, le=64)
+    # A single-query IVF search is too small to gain from OpenMP threads.
+    faiss_threads: int = Field(default=1, ge=1, le=64)
+    # Requests waiting for the encoder beyond this get 429 rather than a long queue.
+    max_pending: int = Field(default=64, ge=1)
+
+    max_body_bytes: int = Field(default=64 * 1024, ge=1024)
+    default_k: int = Field(default=5, ge=1, le=50)
+
+    # Admin routes are disabled unless this is set.
+    admin_token: SecretStr | None = None
+
+    @property
+    def bundles_root(self) -> Path:
+        return self.artifacts_dir / "bundles"
+
+    @property
+    def indexes_root(self) -> Path:
+        return self.artifacts_dir / "indexes"
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,19 @@
+"""Annotated dependency aliases, one per resource a route needs."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from app.config import Settings, get_settings
+from app.engine.runtime import Runtime
+
+
+def get_runtime(request: Request) -> Runtime:
+    runtime: Runtime = request.app.state.runtime
+    return runtime
+
+
+RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]

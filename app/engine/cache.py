@@ -1,0 +1,63 @@
+"""Embedding cache: an in-process LRU in front of the shared store.
+
+Keys pin the model checksum, so vectors from one bundle are never served for
+another, and the normalised text, so "Hi  there" and "hi there" share one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+
+import numpy as np
+
+from app.engine.encoder import Side
+from app.engine.kv import Guarded
+from app.engine.text import normalize
+
+
+class EmbeddingCache:
+    def __init__(self, store: Guarded, local_entries: int, ttl_s: int) -> None:
+        self.store = store
+        self.local_entries = local_entries
+        self.ttl_s = ttl_s
+        self._local: OrderedDict[str, np.ndarray] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    @staticmethod
+    def key(model_checksum: str, side: Side, text: str) -> str:
+        digest = hashlib.blake2b(normalize(text).encode(), digest_size=16).hexdigest()
+        return f"emb:{model_checksum[:16]}:{side}:{digest}"
+
+    async def get_many(self, keys: list[str], dim: int) -> list[np.ndarray | None]:
+        """Each hit is a [dim] float32 vector."""
+        found: list[np.ndarray | None] = [self._local.get(k) for k in keys]
+        remote = [i for i, v in enumerate(found) if v is None]
+        if remote and self.store.status != "disabled":
+            values = await self.store.get_many([keys[i] for i in remote])
+            for i, raw in zip(remote, values, strict=True):
+                if raw is not None and len(raw) == 4 * dim:
+                    found[i] = np.frombuffer(raw, dtype=np.float32)
+                    self._remember(keys[i], found[i])
+        for k in keys:
+            if k in self._local:
+                self._local.move_to_end(k)
+        hits = sum(v is not None for v in found)
+        self.hits += hits
+        self.misses += len(keys) - hits
+        return found
+
+    async def put_many(self, items: dict[str, np.ndarray]) -> None:
+        for key, vector in items.items():
+            self._remember(key, vector)
+        if self.store.status != "disabled":
+            await self.store.set_many({k: v.astype(np.float32).tobytes() for k, v in items.items()}, self.ttl_s)
+
+    def _remember(self, key: str, vector: np.ndarray | None) -> None:
+        if vector is None or self.local_entries == 0:
+            return
+        self._local[key] = vector
+        self._local.move_to_end(key)
+        while len(self._local) > self.local_entries:
+            self._local.popitem(last=False)

@@ -1,0 +1,188 @@
+"""The small key-value surface the service needs from Redis, with an
+in-process twin for the embedded default, and a guard that turns a slow or
+dead Redis into cache misses instead of failed requests."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+from typing import Literal, Protocol
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+log = logging.getLogger(__name__)
+
+Status = Literal["up", "down", "disabled"]
+
+
+class KeyValue(Protocol):
+    async def get_many(self, keys: list[str]) -> list[bytes | None]: ...
+    async def set_many(self, items: dict[str, bytes], ttl_s: int) -> None: ...
+    async def list_range(self, key: str) -> list[bytes]: ...
+    async def list_append(self, key: str, values: list[bytes], keep_last: int, ttl_s: int) -> None: ...
+    async def ping(self) -> bool: ...
+    async def close(self) -> None: ...
+
+
+class MemoryKV:
+    """Bounded LRU with per-key expiry; the embedded default with no Redis."""
+
+    def __init__(self, max_entries: int = 100_000) -> None:
+        self.max_entries = max_entries
+        self._data: OrderedDict[str, tuple[float, bytes | list[bytes]]] = OrderedDict()
+
+    def _get(self, key: str) -> bytes | list[bytes] | None:
+        item = self._data.get(key)
+        if item is None:
+            return None
+        expires, value = item
+        if expires < time.monotonic():
+            del self._data[key]
+            return None
+        self._data.move_to_end(key)
+        return value
+
+    def _put(self, key: str, value: bytes | list[bytes], ttl_s: int) -> None:
+        self._data[key] = (time.monotonic() + ttl_s, value)
+        self._data.move_to_end(key)
+        while len(self._data) > self.max_entries:
+            self._data.popitem(last=False)
+
+    async def get_many(self, keys: list[str]) -> list[bytes | None]:
+        values = [self._get(k) for k in keys]
+        return [v if isinstance(v, bytes) else None for v in values]
+
+    async def set_many(self, items: dict[str, bytes], ttl_s: int) -> None:
+        for key, value in items.items():
+            self._put(key, value, ttl_s)
+
+    async def list_range(self, key: str) -> list[bytes]:
+        value = self._get(key)
+        return list(value) if isinstance(value, list) else []
+
+    async def list_append(self, key: str, values: list[bytes], keep_last: int, ttl_s: int) -> None:
+        current = await self.list_range(key)
+        self._put(key, (current + values)[-keep_last:], ttl_s)
+
+    async def ping(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        self._data.clear()
+
+
+class RedisKV:
+    def __init__(self, url: str, timeout_s: float) -> None:
+        self.client = aioredis.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry_on_timeout=False
+        )
+
+    async def get_many(self, keys: list[str]) -> list[bytes | None]:
+        return [v if isinstance(v, bytes) else None for v in await self.client.mget(keys)] if keys else []
+
+    async def set_many(self, items: dict[str, bytes], ttl_s: int) -> None:
+        if not items:
+            return
+        async with self.client.pipeline(transaction=False) as pipe:
+            for key, value in items.items():
+                pipe.set(key, value, ex=ttl_s)
+            await pipe.execute()
+
+    async def list_range(self, key: str) -> list[bytes]:
+        return [v for v in await self.client.lrange(key, 0, -1) if isinstance(v, bytes)]
+
+    async def list_append(self, key: str, values: list[bytes], keep_last: int, ttl_s: int) -> None:
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.rpush(key, *values)
+            pipe.ltrim(key, -keep_last, -1)
+            pipe.expire(key, ttl_s)
+            await pipe.execute()
+
+    async def ping(self) -> bool:
+        return bool(await self.client.ping())
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+class Guarded:
+    """Wraps a KeyValue so that a failure costs one timeout, then nothing.
+
+    After an error every call is skipped (a miss, a no-op) for `retry_after_s`;
+    the next call after that probes Redis again. Reads return misses, so
+    callers never need their own error handling.
+    """
+
+    def __init__(self, inner: KeyValue, retry_after_s: float, disabled: bool = False) -> None:
+        self.inner = inner
+        self.retry_after_s = retry_after_s
+        self.disabled = disabled  # an in-process store: nothing can be down
+        self._down_until = 0.0
+
+    @property
+    def status(self) -> Status:
+        if self.disabled:
+            return "disabled"
+        return "down" if time.monotonic() < self._down_until else "up"
+
+    def _available(self) -> bool:
+        return time.monotonic() >= self._down_until
+
+    def _failed(self, op: str, error: Exception) -> None:
+        if self._available():
+            log.warning("redis %s failed (%s); bypassing it for %.0fs", op, error, self.retry_after_s)
+        self._down_until = time.monotonic() + self.retry_after_s
+
+    async def get_many(self, keys: list[str]) -> list[bytes | None]:
+        if self._available():
+            try:
+                return await self.inner.get_many(keys)
+            except (RedisError, OSError, TimeoutError) as error:
+                self._failed("get", error)
+        return [None] * len(keys)
+
+    async def set_many(self, items: dict[str, bytes], ttl_s: int) -> None:
+        if self._available():
+            try:
+                await self.inner.set_many(items, ttl_s)
+            except (RedisError, OSError, TimeoutError) as error:
+                self._failed("set", error)
+
+    async def list_range(self, key: str) -> list[bytes]:
+        if self._available():
+            try:
+                return await self.inner.list_range(key)
+            except (RedisError, OSError, TimeoutError) as error:
+                self._failed("lrange", error)
+        return []
+
+    async def list_append(self, key: str, values: list[bytes], keep_last: int, ttl_s: int) -> None:
+        if self._available():
+            try:
+                await self.inner.list_append(key, values, keep_last, ttl_s)
+            except (RedisError, OSError, TimeoutError) as error:
+                self._failed("rpush", error)
+
+    async def ping(self) -> bool:
+        """Always asks, even while bypassed: readiness wants the live answer."""
+        try:
+            ok = await self.inner.ping()
+        except (RedisError, OSError, TimeoutError) as error:
+            self._failed("ping", error)
+            return False
+        if ok:
+            self._down_until = 0.0
+        return ok
+
+    async def close(self) -> None:
+        with contextlib.suppress(RedisError, OSError, TimeoutError):
+            await self.inner.close()
+
+
+def open_store(redis_url: str | None, timeout_ms: int, retry_after_s: float, memory_entries: int) -> Guarded:
+    if redis_url:
+        return Guarded(RedisKV(redis_url, timeout_ms / 1000), retry_after_s)
+    return Guarded(MemoryKV(memory_entries), retry_after_s, disabled=True)

@@ -1,0 +1,130 @@
+"""The retrieval strategies over one (bundle, index version) snapshot.
+
+Pure CPU code with no I/O: the caller runs it off the event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from app.engine.bundle import BundleManifest
+from app.engine.encoder import Encoder
+from app.engine.text import normalize
+from index.store import IndexVersion
+
+Strategy = Literal["query_similarity", "reply_matching"]
+
+STRATEGY_ORDER: tuple[Strategy, ...] = ("query_similarity", "reply_matching")
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What one request uses from start to end; swapped as a whole."""
+
+    bundle: BundleManifest
+    encoder: Encoder
+    index: IndexVersion
+
+    @property
+    def index_version(self) -> str:
+        return self.index.version
+
+
+@dataclass(frozen=True)
+class Scored:
+    reply_row: int
+    id: str
+    text: str
+    score: float
+    source: Strategy
+
+
+def _search(index: object, vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    # vector: [D] -> scores [k], rows [k]; FAISS pads missing hits with row -1
+    scores, rows = index.search(vector[None, :], k)  # type: ignore[attr-defined]
+    keep = rows[0] >= 0
+    return scores[0][keep], rows[0][keep]
+
+
+def _distinct(hits: list[Scored], k: int, exclude: set[str]) -> list[Scored]:
+    """First hit per reply, skipping excluded reply texts (normalised)."""
+    seen: set[int] = set()
+    out = []
+    for hit in hits:
+        if hit.reply_row in seen or normalize(hit.text) in exclude:
+            continue
+        seen.add(hit.reply_row)
+        out.append(hit)
+        if len(out) == k:
+            break
+    return out
+
+
+def query_similarity(serving: Serving, query_vector: np.ndarray, k: int, exclude: set[str]) -> list[Scored]:
+    """Stored queries nearest to the last utterance -> the replies paired with them."""
+    index = serving.index
+    # Several stored queries can share a reply, and excluded replies are
+    # dropped afterwards, so over-fetch.
+    scores, rows = _search(index.query_index, query_vector, 2 * k + len(exclude))
+    hits = []
+    for score, row in zip(scores.tolist(), rows.tolist(), strict=True):
+        reply_row = int(index.query_reply_rows[row])
+        hits.append(
+            Scored(reply_row, index.reply_ids[reply_row], index.reply_texts[reply_row], score, "query_similarity")
+        )
+    return _distinct(hits, k, exclude)
+
+
+def reply_matching(serving: Serving, context_vector: np.ndarray, k: int, exclude: set[str]) -> list[Scored]:
+    """Stored replies scored directly against the whole context."""
+    index = serving.index
+    scores, rows = _search(index.reply_index, context_vector, k + len(exclude))
+    hits = [
+        Scored(row, index.reply_ids[row], index.reply_texts[row], score, "reply_matching")
+        for score, row in zip(scores.tolist(), rows.tolist(), strict=True)
+    ]
+    return _distinct(hits, k, exclude)
+
+
+@dataclass(frozen=True)
+class Answer:
+    best: Scored
+    candidates: list[Scored]
+
+
+def answer(
+    serving: Serving,
+    query_vector: np.ndarray,
+    context_vector: np.ndarray,
+    k: int,
+    strategies: Sequence[str],
+    exclude: set[str],
+) -> Answer | None:
+    """Walks the strategies in the fixed order; the first whose top score
+    clears its threshold answers. If none does, the last one tried answers
+    anyway: a low-confidence reply beats no reply until a reaction fallback
+    exists. None only when the index has nothing left to offer."""
+    thresholds = serving.bundle.thresholds
+    tried: list[Scored] = []
+    for strategy in (s for s in STRATEGY_ORDER if s in strategies):
+        if strategy == "query_similarity":
+            hits = query_similarity(serving, query_vector, k, exclude)
+            threshold = thresholds.query_similarity
+        else:
+            hits = reply_matching(serving, context_vector, k, exclude)
+            threshold = thresholds.reply_matching
+        if hits:
+            tried = hits
+            if hits[0].score >= threshold:
+                break
+    return Answer(tried[0], tried) if tried else None
+
+
+def search_queries(serving: Serving, vector: np.ndarray, k: int) -> tuple[list[float], list[int]]:
+    """The k stored queries nearest to vector [D]: (scores, query rows)."""
+    scores, rows = _search(serving.index.query_index, vector, k)
+    return scores.tolist(), rows.tolist()

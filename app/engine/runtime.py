@@ -1,0 +1,95 @@
+"""Everything a request needs, loaded once at startup.
+
+`Runtime.serving` is the one reference to the current (bundle, index) pair.
+Replacing it is a single assignment, so a request that read it keeps its
+snapshot to the end while later requests see the new one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import faiss
+
+from app.config import Settings
+from app.engine.bundle import best_bundle, read_manifest, verify_files
+from app.engine.cache import EmbeddingCache
+from app.engine.compute import ComputePool
+from app.engine.encoder import Encoder
+from app.engine.kv import Guarded, open_store
+from app.engine.retriever import Serving
+from app.engine.sessions import SessionStore
+from index.store import IndexStore
+
+log = logging.getLogger(__name__)
+
+
+class NotReady(Exception):
+    pass
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    kv: Guarded
+    cache: EmbeddingCache
+    sessions: SessionStore
+    pool: ComputePool
+    store: IndexStore
+    serving: Serving | None = None
+    problem: str | None = None  # why serving is None, for /readyz
+    started_at: float = field(default_factory=time.time)
+
+    def current(self) -> Serving:
+        serving = self.serving
+        if serving is None:
+            raise NotReady(self.problem or "still loading")
+        return serving
+
+    async def close(self) -> None:
+        await self.kv.close()
+
+
+def load_serving(settings: Settings, store: IndexStore) -> Serving:
+    bundle_dir: Path | None = settings.bundle_dir or best_bundle(settings.bundles_root)
+    if bundle_dir is None:
+        raise NotReady(f"no model bundle under {settings.bundles_root}; run `make artifacts`")
+    bundle = read_manifest(bundle_dir)
+    verify_files(bundle_dir, bundle)
+    version = store.latest_for(bundle.checksum)
+    if version is None:
+        raise NotReady(
+            f"no index version built with bundle {bundle.name} ({bundle.checksum[:12]}); run `make artifacts`"
+        )
+    started = time.perf_counter()
+    encoder = Encoder(bundle_dir, bundle, intra_op_threads=settings.ort_intra_op_threads)
+    index = store.load(version)
+    log.info("serving bundle %s with index %s (loaded in %.1fs)", bundle.name, version, time.perf_counter() - started)
+    return Serving(bundle=bundle, encoder=encoder, index=index)
+
+
+def build_runtime(settings: Settings) -> Runtime:
+    faiss.omp_set_num_threads(settings.faiss_threads)
+    kv = open_store(
+        settings.redis_url, settings.redis_timeout_ms, settings.redis_retry_after_s, settings.cache_local_entries
+    )
+    store = IndexStore(settings.indexes_root)
+    for leftover in store.remove_staging():
+        log.warning("removed %s: an index build that did not finish", leftover)
+    runtime = Runtime(
+        settings=settings,
+        kv=kv,
+        cache=EmbeddingCache(kv, settings.cache_local_entries, settings.cache_ttl_s),
+        sessions=SessionStore(kv, settings.session_max_turns, settings.session_ttl_s),
+        pool=ComputePool(settings.max_pending),
+        store=store,
+    )
+    try:
+        runtime.serving = load_serving(settings, store)
+    except (NotReady, FileNotFoundError, ValueError) as error:
+        runtime.problem = str(error)
+        log.error("not ready: %s", error)
+    return runtime

@@ -1,0 +1,132 @@
+"""One closed set of error kinds, one JSON shape:
+
+{"error": {"kind": "validation_error", "message": "...", "field": "context.0",
+           "details": [{"field": "context.0", "message": "..."}]}}
+"""
+
+from __future__ import annotations
+
+import logging
+from enum import StrEnum
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.engine.compute import Overloaded
+from app.engine.pipeline import NoCandidates
+from app.engine.runtime import NotReady
+
+log = logging.getLogger(__name__)
+
+
+class ErrorKind(StrEnum):
+    validation = "validation_error"
+    payload_too_large = "payload_too_large"
+    unauthorized = "unauthorized"
+    not_found = "not_found"
+    method_not_allowed = "method_not_allowed"
+    conflict = "conflict"
+    overloaded = "overloaded"
+    not_ready = "not_ready"
+    internal = "internal_error"
+
+
+STATUS = {
+    ErrorKind.validation: 422,
+    ErrorKind.payload_too_large: 413,
+    ErrorKind.unauthorized: 401,
+    ErrorKind.not_found: 404,
+    ErrorKind.method_not_allowed: 405,
+    ErrorKind.conflict: 409,
+    ErrorKind.overloaded: 429,
+    ErrorKind.not_ready: 503,
+    ErrorKind.internal: 500,
+}
+
+
+class ApiError(Exception):
+    def __init__(
+        self, kind: ErrorKind, message: str, field: str | None = None, details: list[dict[str, Any]] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.field = field
+        self.details = details or ([{"field": field, "message": message}] if field else [])
+
+
+def error_body(error: ApiError) -> dict[str, Any]:
+    return {
+        "error": {"kind": error.kind.value, "message": error.message, "field": error.field, "details": error.details}
+    }
+
+
+def error_response(error: ApiError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if error.kind is ErrorKind.unauthorized else None
+    if error.kind is ErrorKind.overloaded:
+        headers = {"Retry-After": "1"}
+    return JSONResponse(error_body(error), status_code=STATUS[error.kind], headers=headers)
+
+
+def _field(loc: tuple[int | str, ...]) -> str:
+    # ("body", "context", 3) -> "context.3"; a body that is not JSON at all -> "body"
+    parts = [str(p) for p in loc if p not in ("body", "query", "path")]
+    return ".".join(parts) or "body"
+
+
+def from_validation(exc: RequestValidationError) -> ApiError:
+    details = [
+        # A JSON syntax error's loc ends in a character offset, not a field.
+        {"field": "body" if e["type"] == "json_invalid" else _field(tuple(e["loc"])), "message": e["msg"]}
+        for e in exc.errors()
+    ]
+    first = details[0] if details else {"field": "body", "message": "invalid request"}
+    return ApiError(ErrorKind.validation, f"{first['field']}: {first['message']}", first["field"], details)
+
+
+_HTTP_KINDS = {
+    401: ErrorKind.unauthorized,
+    404: ErrorKind.not_found,
+    405: ErrorKind.method_not_allowed,
+    413: ErrorKind.payload_too_large,
+}
+
+
+# The engine knows nothing of HTTP; its failures map to kinds here.
+_ENGINE_KINDS: dict[type[Exception], ErrorKind] = {
+    NotReady: ErrorKind.not_ready,
+    Overloaded: ErrorKind.overloaded,
+    NoCandidates: ErrorKind.not_found,
+}
+
+
+def install(app: FastAPI) -> None:
+    async def api_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ApiError)
+        return error_response(exc)
+
+    async def validation_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return error_response(from_validation(exc))
+
+    async def http_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        kind = _HTTP_KINDS.get(exc.status_code, ErrorKind.validation if exc.status_code < 500 else ErrorKind.internal)
+        return error_response(ApiError(kind, str(exc.detail)))
+
+    async def engine_error(_: Request, exc: Exception) -> JSONResponse:
+        return error_response(ApiError(_ENGINE_KINDS[type(exc)], str(exc)))
+
+    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error", exc_info=exc)
+        return error_response(ApiError(ErrorKind.internal, "internal error"))
+
+    app.add_exception_handler(ApiError, api_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    for engine_exception in _ENGINE_KINDS:
+        app.add_exception_handler(engine_exception, engine_error)
+    app.add_exception_handler(Exception, unexpected)

@@ -1,0 +1,114 @@
+"""Session fixtures: a tiny random encoder exported through the real pipeline,
+and a small synthetic index built with the real index builder."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from app.config import Settings
+from app.engine.bundle import TOKENIZER_FILE, read_manifest
+from app.engine.encoder import Encoder
+from app.main import create_app
+from index.build import Candidate, build_version
+from index.store import IndexStore
+from models.encoder import DualEncoder, minilm_path, tiny_body
+from models.export import ExportConfig, export_bundle
+
+REDIS_URL = "redis://127.0.0.1:6379/15"  # a database of its own, flushed by the tests
+
+PAIRS = [
+    ("hi! how are you?", "i'm good thanks, how about you?"),
+    ("what's your favourite food?", "pizza, no contest"),
+    ("do you like dogs?", "i love dogs, i have a golden retriever"),
+    ("where are you from?", "i grew up in utah"),
+    ("good night", "night! sleep well"),
+    ("what do you do for fun?", "mostly hiking and board games"),
+    ("i just got a new job!", "congrats! that's awesome"),
+    ("my cat is sick", "oh no, i hope she gets better soon"),
+    ("have you seen any good movies lately?", "i watched dune last week, it was great"),
+    ("what's the weather like there?", "sunny and way too hot"),
+    ("are you a student?", "yeah, i study computer science"),
+    ("do you play any sports?", "i play volleyball on weekends"),
+]
+REPLY_ONLY = ["lol", "haha that's funny", "oh really?", "no way", "that sounds fun", "same here"]
+TINY_PARITY_TEXTS = [q for q, _ in PAIRS] + [r for _, r in PAIRS]
+
+
+def tiny_candidates() -> list[Candidate]:
+    return [Candidate(reply=r, query=q) for q, r in PAIRS] + [Candidate(reply=r) for r in REPLY_ONLY]
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """artifacts/ with one tiny int8 bundle and one index version built with it."""
+    root = tmp_path_factory.mktemp("artifacts")
+    config = ExportConfig(
+        name="tiny-int8",
+        model_id="tiny-random-bert",
+        kind="tiny",
+        tokenizer_path=minilm_path() / TOKENIZER_FILE,
+        # A random 32-wide model quantises worse than a trained one; the
+        # mechanism, not MiniLM's figure, is what is under test here.
+        min_parity_cosine=0.95,
+    )
+    bundle_dir = export_bundle(DualEncoder(tiny_body(vocab_size=30522)), config, root / "bundles", TINY_PARITY_TEXTS)
+    bundle = read_manifest(bundle_dir)
+    store = IndexStore(root / "indexes")
+    manifest = build_version(
+        tiny_candidates(), Encoder(bundle_dir, bundle), bundle.checksum, store, "tests", progress=False
+    )
+    store.set_current(manifest.version)
+    return root
+
+
+@pytest.fixture(scope="session")
+def redis_client() -> redis.Redis:
+    """The real server at 127.0.0.1:6379 (.ci/run starts one). Never mocked."""
+    client = redis.Redis.from_url(REDIS_URL, socket_timeout=2)
+    client.ping()
+    return client
+
+
+def closed_port() -> int:
+    """A port nothing listens on: bind, read the number, close."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+AppFactory = Callable[..., AbstractAsyncContextManager[httpx.AsyncClient]]
+
+
+@pytest.fixture
+def make_client(artifacts: Path) -> AppFactory:
+    """make_client(**settings) -> an httpx client on a fresh app, lifespan run."""
+
+    @asynccontextmanager
+    async def factory(**overrides: object) -> AsyncIterator[httpx.AsyncClient]:
+        settings = Settings(**{"artifacts_dir": artifacts, **overrides})  # type: ignore[arg-type]
+        app = create_app(settings)
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                yield client
+
+    return factory
+
+
+@pytest.fixture
+async def client(make_client: AppFactory) -> AsyncIterator[httpx.AsyncClient]:
+    """The embedded default: no Redis configured."""
+    async with make_client() as c:
+        yield c

@@ -1,0 +1,89 @@
+"""/reply, /similar and the health routes on the tiny bundle, no Redis."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.conftest import PAIRS, REPLY_ONLY
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_reply_with_a_stored_query_answers_by_query_similarity(client: httpx.AsyncClient) -> None:
+    response = await client.post("/reply", json={"context": ["my cat is sick"]})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["reply"] == "oh no, i hope she gets better soon"
+    assert body["source"] == "query_similarity"
+    assert body["score"] == pytest.approx(1.0, abs=1e-3)
+    assert body["index_version"].startswith("v")
+    assert body["candidates"][0]["text"] == body["reply"]
+
+
+async def test_reply_matching_alone_scores_replies_against_the_context(client: httpx.AsyncClient) -> None:
+    # The context is a stored reply verbatim, so its own vector is the nearest.
+    response = await client.post(
+        "/reply", json={"context": ["haha that's funny"], "strategies": ["reply_matching"], "k": 3}
+    )
+    body = response.json()
+    assert body["source"] == "reply_matching"
+    assert body["reply"] == "haha that's funny"
+    assert len(body["candidates"]) == 3
+    assert all(c["source"] == "reply_matching" for c in body["candidates"])
+    scores = [c["score"] for c in body["candidates"]]
+    assert scores == sorted(scores, reverse=True)
+
+
+async def test_k_bounds_the_candidate_list(client: httpx.AsyncClient) -> None:
+    body = (await client.post("/reply", json={"context": ["hello there"], "k": 50})).json()
+    distinct_replies = len({r for _, r in PAIRS} | set(REPLY_ONLY))
+    assert len(body["candidates"]) <= min(50, distinct_replies)
+    assert len({c["id"] for c in body["candidates"]}) == len(body["candidates"])
+
+
+async def test_similar_text_returns_stored_queries_with_their_replies(client: httpx.AsyncClient) -> None:
+    body = (await client.post("/similar", json={"text": "do you like dogs?", "k": 3})).json()
+    assert len(body["matches"]) == 3
+    assert body["matches"][0] == {
+        "query": "do you like dogs?",
+        "reply": "i love dogs, i have a golden retriever",
+        "score": pytest.approx(1.0, abs=1e-3),
+    }
+    assert "scores" not in body
+
+
+async def test_similar_pairs_returns_one_cosine_per_pair(client: httpx.AsyncClient) -> None:
+    pairs = [["good night", "good night"], ["good night", "i study computer science"]]
+    body = (await client.post("/similar", json={"pairs": pairs})).json()
+    assert len(body["scores"]) == 2
+    assert body["scores"][0] == pytest.approx(1.0, abs=1e-3)
+    assert body["scores"][1] < body["scores"][0]
+
+
+async def test_health_readiness_and_info(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/healthz")).json() == {"status": "ok"}
+    ready = (await client.get("/readyz")).json()
+    assert ready["ready"] is True and ready["redis"] == "disabled"
+    info = (await client.get("/info")).json()
+    assert info["model"]["name"] == "tiny-int8"
+    assert info["index"]["replies"] == len({r for _, r in PAIRS} | set(REPLY_ONLY))
+    assert info["index"]["queries"] == len(PAIRS)
+    assert info["index"]["version"] == ready["index_version"]
+
+
+async def test_without_an_index_the_service_is_alive_but_not_ready(make_client, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    async with make_client(artifacts_dir=tmp_path) as client:
+        assert (await client.get("/healthz")).status_code == 200
+        ready = await client.get("/readyz")
+        assert ready.status_code == 503 and ready.json()["ready"] is False
+        response = await client.post("/reply", json={"context": ["hi"]})
+        assert response.status_code == 503
+        assert response.json()["error"]["kind"] == "not_ready"
+
+
+async def test_in_process_sessions_keep_context_and_do_not_repeat(client: httpx.AsyncClient) -> None:
+    first = (await client.post("/reply", json={"session_id": "local-1", "message": "my cat is sick"})).json()
+    second = (await client.post("/reply", json={"session_id": "local-1", "message": "my cat is sick"})).json()
+    assert first["session_id"] == "local-1"
+    assert second["reply"] != first["reply"]

@@ -1,0 +1,59 @@
+"""ONNX export of a tiny model: parity with torch, dynamic axes, atomic bundles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from app.engine.bundle import TOKENIZER_FILE, read_manifest, verify_files
+from app.engine.encoder import Encoder
+from models.encoder import DualEncoder, minilm_path, tiny_body
+from models.export import ExportConfig, ParityError, export_bundle
+from tests.conftest import TINY_PARITY_TEXTS
+
+
+def test_int8_bundle_matches_torch_and_records_its_parity(artifacts: Path) -> None:
+    bundle_dir = artifacts / "bundles" / "tiny-int8"
+    manifest = read_manifest(bundle_dir)
+    verify_files(bundle_dir, manifest)
+    assert manifest.quantization.startswith("int8")
+    assert manifest.parity["mean_cosine"] >= 0.95
+    assert manifest.parity["samples"] == len(TINY_PARITY_TEXTS)
+
+
+def test_fp32_export_is_exact_for_any_batch_and_length(tmp_path: Path) -> None:
+    model = DualEncoder(tiny_body(vocab_size=30522, seed=3))
+    config = ExportConfig(
+        name="tiny-fp32", model_id="t", kind="tiny", tokenizer_path=minilm_path() / TOKENIZER_FILE, quantize=False
+    )
+    bundle_dir = export_bundle(model, config, tmp_path, TINY_PARITY_TEXTS)
+    manifest = read_manifest(bundle_dir)
+    assert manifest.parity["min_cosine"] > 0.9999
+
+    encoder = Encoder(bundle_dir, manifest)
+    texts = ["hi", "a much longer sentence than the dummy input used at export time, to be sure", "ok"]
+    batched = encoder.encode(texts, side="context")  # [3, D], padded to the longest
+    one_by_one = np.stack([encoder.encode([t], side="context")[0] for t in texts])
+    np.testing.assert_allclose(batched, one_by_one, atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(batched, axis=1), 1.0, atol=1e-5)
+
+    with torch.no_grad():  # and the same as torch on an unpadded input
+        ids = torch.tensor([encoder._tokenizers["context"].encode(texts[1]).ids])
+        reference, _ = model(ids, torch.ones_like(ids))
+    np.testing.assert_allclose(batched[1], reference[0].numpy(), atol=1e-5)
+
+
+def test_failed_parity_leaves_no_bundle(tmp_path: Path) -> None:
+    config = ExportConfig(
+        name="never",
+        model_id="t",
+        kind="tiny",
+        tokenizer_path=minilm_path() / TOKENIZER_FILE,
+        min_parity_cosine=1.01,  # unreachable: every attempt must fail
+    )
+    with pytest.raises(ParityError):
+        export_bundle(DualEncoder(tiny_body(vocab_size=30522)), config, tmp_path, TINY_PARITY_TEXTS)
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,99 @@
+"""Every limit: a bad value gets a 4xx in the one error shape, naming the field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from app.schemas import MAX_K, MAX_PAIRS, MAX_SESSION_ID_CHARS, MAX_TURN_CHARS, MAX_TURNS
+
+pytestmark = pytest.mark.anyio
+
+TOO_LONG = "a" * (MAX_TURN_CHARS + 1)
+
+BAD_REPLY_BODIES: list[tuple[str, Any, str]] = [
+    ("no context or session", {}, "context"),
+    ("empty context", {"context": []}, "context"),
+    ("too many turns", {"context": ["hi"] * (MAX_TURNS + 1)}, "context"),
+    ("empty turn", {"context": ["hi", ""]}, "context.1"),
+    ("blank turn", {"context": ["   "]}, "context"),
+    ("turn too long", {"context": [TOO_LONG]}, "context.0"),
+    ("turn not a string", {"context": [42]}, "context.0"),
+    ("context not a list", {"context": "hi"}, "context"),
+    ("k zero", {"context": ["hi"], "k": 0}, "k"),
+    ("k too large", {"context": ["hi"], "k": MAX_K + 1}, "k"),
+    ("k not a number", {"context": ["hi"], "k": "five"}, "k"),
+    ("unknown strategy", {"context": ["hi"], "strategies": ["telepathy"]}, "strategies.0"),
+    ("no strategies", {"context": ["hi"], "strategies": []}, "strategies"),
+    ("repeated strategy", {"context": ["hi"], "strategies": ["reply_matching", "reply_matching"]}, "strategies"),
+    ("session without message", {"session_id": "s1"}, "message"),
+    ("message without session", {"message": "hi"}, "session_id"),
+    ("context and session", {"context": ["hi"], "session_id": "s1", "message": "hi"}, "context"),
+    ("session id too long", {"session_id": "s" * (MAX_SESSION_ID_CHARS + 1), "message": "hi"}, "session_id"),
+    ("session id with spaces", {"session_id": "a b", "message": "hi"}, "session_id"),
+    ("message too long", {"session_id": "s1", "message": TOO_LONG}, "message"),
+    ("blank message", {"session_id": "s1", "message": " "}, "message"),
+    ("unknown field", {"context": ["hi"], "temperature": 0.7}, "temperature"),
+    ("body not an object", ["hi"], "body"),
+]
+
+BAD_SIMILAR_BODIES: list[tuple[str, Any, str]] = [
+    ("neither", {}, "text"),
+    ("both", {"text": "hi", "pairs": [["a", "b"]]}, "text"),
+    ("text too long", {"text": TOO_LONG}, "text"),
+    ("empty text", {"text": ""}, "text"),
+    ("no pairs", {"pairs": []}, "pairs"),
+    ("too many pairs", {"pairs": [["a", "b"]] * (MAX_PAIRS + 1)}, "pairs"),
+    ("pair of three", {"pairs": [["a", "b", "c"]]}, "pairs.0"),
+    ("pair side too long", {"pairs": [["a", TOO_LONG]]}, "pairs.0.1"),
+    ("k with pairs", {"pairs": [["a", "b"]], "k": 3}, "k"),
+    ("k too large", {"text": "hi", "k": MAX_K + 1}, "k"),
+]
+
+
+def assert_error(response: httpx.Response, status: int, kind: str, field: str) -> None:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["kind"] == kind
+    assert error["field"] == field
+    assert field in error["message"] or error["field"] == "body"
+    assert set(error) == {"kind", "message", "field", "details"}
+
+
+@pytest.mark.parametrize(("case", "body", "field"), BAD_REPLY_BODIES, ids=[c[0] for c in BAD_REPLY_BODIES])
+async def test_bad_reply_request(client: httpx.AsyncClient, case: str, body: Any, field: str) -> None:
+    assert_error(await client.post("/reply", json=body), 422, "validation_error", field)
+
+
+@pytest.mark.parametrize(("case", "body", "field"), BAD_SIMILAR_BODIES, ids=[c[0] for c in BAD_SIMILAR_BODIES])
+async def test_bad_similar_request(client: httpx.AsyncClient, case: str, body: Any, field: str) -> None:
+    assert_error(await client.post("/similar", json=body), 422, "validation_error", field)
+
+
+async def test_malformed_json_names_the_body(client: httpx.AsyncClient) -> None:
+    response = await client.post("/reply", content=b'{"context": [', headers={"content-type": "application/json"})
+    assert_error(response, 422, "validation_error", "body")
+
+
+async def test_oversize_body_is_413_before_parsing(client: httpx.AsyncClient) -> None:
+    body = b'{"context": ["' + b"a" * 70_000 + b'"]}'
+    response = await client.post("/reply", content=body, headers={"content-type": "application/json"})
+    assert_error(response, 413, "payload_too_large", "body")
+
+
+async def test_oversize_chunked_body_without_length_is_413(client: httpx.AsyncClient) -> None:
+    async def chunks():  # type: ignore[no-untyped-def]
+        for _ in range(100):
+            yield b"a" * 1024
+
+    response = await client.post("/reply", content=chunks(), headers={"content-type": "application/json"})
+    assert_error(response, 413, "payload_too_large", "body")
+
+
+async def test_unknown_route_and_method_use_the_same_shape(client: httpx.AsyncClient) -> None:
+    missing = await client.get("/nope")
+    assert missing.status_code == 404 and missing.json()["error"]["kind"] == "not_found"
+    wrong = await client.get("/reply")
+    assert wrong.status_code == 405 and wrong.json()["error"]["kind"] == "method_not_allowed"
