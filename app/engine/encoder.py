@@ -24,10 +24,38 @@ OUTPUT_NAMES: dict[Side, str] = {"context": "context_embedding", "reply": "reply
 def _tokenizer(path: Path, max_tokens: int, truncate_from: Literal["left", "right"]) -> Tokenizer:
     tokenizer = Tokenizer.from_file(str(path))
     tokenizer.enable_truncation(max_length=max_tokens, direction=truncate_from)
-    # tokenizer.json ships fixed 128-token padding; pad to the batch's longest
-    # instead, which is what makes short chat turns cheap.
-    tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
+    # tokenizer.json ships fixed 128-token padding; batches are padded here
+    # instead, to their own longest row.
+    tokenizer.no_padding()
     return tokenizer
+
+
+def _batches(lengths: list[int], max_batch: int) -> list[list[int]]:
+    """Row indices grouped by similar token length.
+
+    Cost grows with padded tokens, so rows of very different lengths are not
+    batched together: a 10-token query padded to a 60-token context costs
+    as much as the context again.
+    """
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    batches: list[list[int]] = []
+    for row in order:
+        if batches and len(batches[-1]) < max_batch and lengths[row] <= 1.25 * lengths[batches[-1][0]] + 4:
+            batches[-1].append(row)
+        else:
+            batches.append([row])
+    return batches
+
+
+def _pad(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Token id lists -> ([B, T] ids, [B, T] attention mask), right-padded with id 0."""
+    width = max(len(r) for r in rows)
+    ids = np.zeros((len(rows), width), dtype=np.int64)  # [B, T]
+    mask = np.zeros((len(rows), width), dtype=np.int64)  # [B, T]
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = r
+        mask[i, : len(r)] = 1
+    return ids, mask
 
 
 class Encoder:
@@ -56,29 +84,26 @@ class Encoder:
         """The last `max_context_turns` turns, oldest first, with the turn separator."""
         return self.manifest.turn_separator.join(turns[-self.manifest.max_context_turns :])
 
-    def _feed(self, texts: Sequence[str], side: Side) -> dict[str, np.ndarray]:
-        encodings = self._tokenizers[side].encode_batch(list(texts))
-        return {
-            "input_ids": np.array([e.ids for e in encodings], dtype=np.int64),  # [B, T]
-            "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),  # [B, T]
-        }
+    def _run(self, texts: Sequence[str], side: Side, outputs: list[str], max_batch: int) -> list[np.ndarray]:
+        """Each requested output as [N, D] float32, rows in input order."""
+        token_ids = [e.ids for e in self._tokenizers[side].encode_batch(list(texts))]
+        results = [np.empty((len(texts), self.dim), dtype=np.float32) for _ in outputs]  # [N, D] each
+        for rows in _batches([len(t) for t in token_ids], max_batch):
+            ids, mask = _pad([token_ids[i] for i in rows])
+            vectors = self.session.run(outputs, {"input_ids": ids, "attention_mask": mask})  # [B, D] each
+            for result, batch in zip(results, vectors, strict=True):
+                result[rows] = batch
+        return results
 
-    def encode(self, texts: Sequence[str], side: Side, batch_size: int = 64) -> np.ndarray:
+    def encode(self, texts: Sequence[str], side: Side, max_batch: int = 64) -> np.ndarray:
         """Returns [len(texts), dim] float32, unit rows."""
-        out = np.empty((len(texts), self.dim), dtype=np.float32)  # [N, D]
-        # Length-sorted batches pad little; results are written back in input order.
-        order = np.argsort([len(t) for t in texts], kind="stable")
-        for start in range(0, len(texts), batch_size):
-            rows = order[start : start + batch_size]
-            (vectors,) = self.session.run([OUTPUT_NAMES[side]], self._feed([texts[i] for i in rows], side))
-            out[rows] = vectors  # [B, D]
-        return out
+        return self._run(texts, side, [OUTPUT_NAMES[side]], max_batch)[0]
 
-    def encode_both(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    def encode_both(self, texts: Sequence[str], max_batch: int = 64) -> tuple[np.ndarray, np.ndarray]:
         """One pass, both heads: ([N, D] context vectors, [N, D] reply vectors).
 
         Tokenised with the reply limit: this is for stored single turns, which
         the index uses both as replies and as queries.
         """
-        context, reply = self.session.run([OUTPUT_NAMES["context"], OUTPUT_NAMES["reply"]], self._feed(texts, "reply"))
+        context, reply = self._run(texts, "reply", [OUTPUT_NAMES["context"], OUTPUT_NAMES["reply"]], max_batch)
         return context, reply

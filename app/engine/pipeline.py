@@ -9,7 +9,7 @@ import numpy as np
 
 from app.engine import retriever
 from app.engine.encoder import Side
-from app.engine.retriever import Answer, Serving
+from app.engine.retriever import Answer, Serving, Strategy
 from app.engine.runtime import Runtime
 from app.engine.sessions import SessionTurn
 from app.engine.text import normalize
@@ -43,23 +43,41 @@ async def reply(
     runtime: Runtime,
     turns: Sequence[str],
     k: int,
-    strategies: Sequence[str],
+    strategies: Sequence[Strategy],
     exclude: set[str],
 ) -> ReplyOutcome:
+    """Walks the strategies in the fixed order; the first whose top score
+    clears its threshold answers. If none does, the last one that found
+    anything answers anyway: a low-confidence reply beats no reply until a
+    reaction fallback exists.
+
+    Each strategy encodes only what it needs, when it is reached: a turn that
+    query similarity answers never pays for encoding the whole context.
+    """
     serving = runtime.current()  # this request's snapshot, start to end
-    query_text = turns[-1]
-    context_text = serving.encoder.join_context(turns)
-    texts = [query_text] if context_text == query_text else [query_text, context_text]
-    vectors = await embed(runtime, serving, texts, "context")  # [1 or 2, D]
-    query_vector, context_vector = vectors[0], vectors[-1]
-    answer = await runtime.pool.run(retriever.answer, serving, query_vector, context_vector, k, strategies, exclude)
-    if answer is None:
+    thresholds = serving.bundle.thresholds
+    tried: list[retriever.Scored] = []
+    for strategy in (s for s in retriever.STRATEGY_ORDER if s in strategies):
+        if strategy == "query_similarity":
+            vector = (await embed(runtime, serving, [turns[-1]], "context"))[0]  # [D]
+            hits = await runtime.pool.run(retriever.query_similarity, serving, vector, k, exclude)
+            threshold = thresholds.query_similarity
+        else:
+            context = serving.encoder.join_context(turns)
+            vector = (await embed(runtime, serving, [context], "context"))[0]  # [D]
+            hits = await runtime.pool.run(retriever.reply_matching, serving, vector, k, exclude)
+            threshold = thresholds.reply_matching
+        if hits:
+            tried = hits
+            if hits[0].score >= threshold:
+                break
+    if not tried:
         raise NoCandidates("every candidate was excluded")
-    return ReplyOutcome(answer, serving.index_version)
+    return ReplyOutcome(Answer(tried[0], tried), serving.index_version)
 
 
 async def session_reply(
-    runtime: Runtime, session_id: str, message: str, k: int, strategies: Sequence[str]
+    runtime: Runtime, session_id: str, message: str, k: int, strategies: Sequence[Strategy]
 ) -> ReplyOutcome:
     """Context from the session store; the bot's own recent replies are excluded."""
     history = await runtime.sessions.history(session_id)

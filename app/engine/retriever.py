@@ -5,7 +5,6 @@ Pure CPU code with no I/O: the caller runs it off the event loop.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -94,34 +93,6 @@ def reply_matching(serving: Serving, context_vector: np.ndarray, k: int, exclude
 class Answer:
     best: Scored
     candidates: list[Scored]
-
-
-def answer(
-    serving: Serving,
-    query_vector: np.ndarray,
-    context_vector: np.ndarray,
-    k: int,
-    strategies: Sequence[str],
-    exclude: set[str],
-) -> Answer | None:
-    """Walks the strategies in the fixed order; the first whose top score
-    clears its threshold answers. If none does, the last one tried answers
-    anyway: a low-confidence reply beats no reply until a reaction fallback
-    exists. None only when the index has nothing left to offer."""
-    thresholds = serving.bundle.thresholds
-    tried: list[Scored] = []
-    for strategy in (s for s in STRATEGY_ORDER if s in strategies):
-        if strategy == "query_similarity":
-            hits = query_similarity(serving, query_vector, k, exclude)
-            threshold = thresholds.query_similarity
-        else:
-            hits = reply_matching(serving, context_vector, k, exclude)
-            threshold = thresholds.reply_matching
-        if hits:
-            tried = hits
-            if hits[0].score >= threshold:
-                break
-    return Answer(tried[0], tried) if tried else None
 
 
 def search_queries(serving: Serving, vector: np.ndarray, k: int) -> tuple[list[float], list[int]]:
