@@ -36,7 +36,7 @@ class Settings(BaseSettings):
     # 0 = one thread per core. Requests are encoded one at a time, so all
     # cores go to one request's matrix multiplications.
     ort_intra_op_threads: int = Field(default=0, ge=0, le=64)
-    # A single-query IVF search is too small to gain from OpenMP threads.
+    # A single-query HNSW search is too small to gain from OpenMP threads.
     faiss_threads: int = Field(default=1, ge=1, le=64)
     # Requests waiting for the encoder beyond this get 429 rather than a long queue.
     max_pending: int = Field(default=64, ge=1)

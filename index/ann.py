@@ -1,15 +1,16 @@
 """Inner-product FAISS indexes over unit vectors, each checked against exact search.
 
-Small sets get an exact flat index. Larger ones get IVF-Flat: it trains in
-seconds (HNSW takes minutes at 100k on two cores, which a live reindex cannot
-afford), and its probe count is chosen at build time as the smallest one that
-reaches the recall target against exact search on a sample.
+Small sets get an exact flat index. Larger ones get HNSW; its efSearch is
+chosen at build time as the smallest that reaches the recall target against
+exact search on sampled rows. Measured on the ~96k chitchat replies (384-d,
+one thread): exact scan 9.8 ms/query; IVF-Flat (1237 lists) needs nprobe 64
+for recall@10 0.95 at 0.70 ms; HNSW (M=32) gives 0.976 at efSearch 32 in
+0.16 ms and builds in 10 s on two cores.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import asdict, dataclass
 
 import faiss
@@ -19,15 +20,16 @@ log = logging.getLogger(__name__)
 
 EXACT_BELOW = 20_000  # a flat scan of 20k x 384 costs ~0.5 ms: not worth an approximation
 RECALL_TARGET = 0.95  # recall@10 against exact search, the bar an ANN index must clear
-PROBE_CHOICES = (4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+HNSW_M = 32  # links per node: 16 loses recall on 384-d text vectors, 64 doubles memory for little
+HNSW_EF_CONSTRUCTION = 40  # faiss's default; higher builds slower for <1 point of recall here
+EF_SEARCH_CHOICES = (16, 32, 48, 64, 96, 128, 256, 512)
 CHECK_QUERIES = 500
-TRAIN_POINTS_PER_LIST = 40  # faiss warns below 39; more barely moves the centroids and costs linearly
 
 
 @dataclass
 class AnnReport:
-    kind: str  # "flat" or "ivf<nlist>"
-    nprobe: int
+    kind: str  # "flat" or "hnsw<M>"
+    ef_search: int  # 0 for flat
     recall_at_10: float  # measured against IndexFlatIP on CHECK_QUERIES sampled rows
 
     def to_dict(self) -> dict[str, object]:
@@ -41,34 +43,30 @@ def build(vectors: np.ndarray, seed: int = 0) -> tuple[faiss.Index, AnnReport]:
     exact = faiss.IndexFlatIP(dim)
     exact.add(vectors)
     if n < EXACT_BELOW:
-        return exact, AnnReport(kind="flat", nprobe=0, recall_at_10=1.0)
+        return exact, AnnReport(kind="flat", ef_search=0, recall_at_10=1.0)
 
-    nlist = int(4 * math.sqrt(n))
-    quantizer = faiss.IndexFlatIP(dim)
-    ivf = faiss.IndexIVFFlat(quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
-    rng = np.random.default_rng(seed)
-    ivf.train(vectors[rng.choice(n, size=min(n, TRAIN_POINTS_PER_LIST * nlist), replace=False)])
-    ivf.add(vectors)
+    hnsw = faiss.IndexHNSWFlat(dim, HNSW_M, faiss.METRIC_INNER_PRODUCT)
+    hnsw.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
+    hnsw.add(vectors)
 
     # Sampled rows stand in for real queries; each row's own hit is dropped
     # from both lists so the check does not reduce to self-retrieval.
+    rng = np.random.default_rng(seed)
     rows = rng.choice(n, size=min(n, CHECK_QUERIES), replace=False)  # [Q]
     queries = vectors[rows]  # [Q, D]
     _, truth = exact.search(queries, 11)  # [Q, 11]
     truth = _without_self(truth, rows)  # [Q, 10]
-    for nprobe in PROBE_CHOICES:
-        ivf.nprobe = nprobe
-        recall = recall_at_k(ivf, queries, truth, drop=rows)
+    for ef_search in EF_SEARCH_CHOICES:
+        hnsw.hnsw.efSearch = ef_search
+        recall = recall_at_k(hnsw, queries, truth, drop=rows)
         if recall >= RECALL_TARGET:
             break
     else:
-        # Data with no cluster structure defeats IVF; exact search is slower
-        # but never wrong, and a reindex must not fail on its data's shape.
-        log.warning(
-            "IVF%d recall@10 %.3f < %.2f at nprobe=%d; using exact search", nlist, recall, RECALL_TARGET, nprobe
-        )
-        return exact, AnnReport(kind="flat", nprobe=0, recall_at_10=1.0)
-    return ivf, AnnReport(kind=f"ivf{nlist}", nprobe=nprobe, recall_at_10=round(recall, 4))
+        # Exact search is slower but never wrong, and a reindex must not fail
+        # on its data's shape.
+        log.warning("HNSW recall@10 %.3f < %.2f at efSearch=%d; using exact search", recall, RECALL_TARGET, ef_search)
+        return exact, AnnReport(kind="flat", ef_search=0, recall_at_10=1.0)
+    return hnsw, AnnReport(kind=f"hnsw{HNSW_M}", ef_search=ef_search, recall_at_10=round(recall, 4))
 
 
 def _without_self(found: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -95,6 +93,6 @@ def recall_at_k(index: faiss.Index, queries: np.ndarray, truth: np.ndarray, drop
 
 def configure(index: faiss.Index, report: AnnReport) -> faiss.Index:
     """Re-applies search-time parameters after loading from disk."""
-    if report.nprobe:
-        faiss.extract_index_ivf(index).nprobe = report.nprobe
+    if report.ef_search:
+        faiss.downcast_index(index).hnsw.efSearch = report.ef_search  # type: ignore[attr-defined]
     return index

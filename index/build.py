@@ -74,24 +74,63 @@ def tables(candidates: Sequence[Candidate]) -> Tables:
     return t
 
 
+@dataclass
+class KnownVectors:
+    """Vectors an earlier version computed with the same bundle, by exact text.
+
+    A rebuild encodes only texts it has not seen: a reindex that appends a few
+    candidates, or one that only changes the ANN settings, costs seconds.
+    """
+
+    reply_rows: dict[str, int]
+    reply_vectors: np.ndarray  # [R', D], memory-mapped
+    query_rows: dict[str, int]
+    query_vectors: np.ndarray  # [Q', D], memory-mapped
+
+    @classmethod
+    def load(cls, directory: Path) -> KnownVectors:
+        body = json.loads((directory / "candidates.json").read_text())
+        return cls(
+            reply_rows={text: i for i, text in enumerate(body["reply_texts"])},
+            reply_vectors=np.load(directory / "reply_vectors.npy", mmap_mode="r"),
+            query_rows={text: i for i, text in enumerate(body["query_texts"])},
+            query_vectors=np.load(directory / "query_vectors.npy", mmap_mode="r"),
+        )
+
+    @classmethod
+    def empty(cls, dim: int) -> KnownVectors:
+        none = np.empty((0, dim), dtype=np.float32)
+        return cls({}, none, {}, none)
+
+
 def encode_all(
-    encoder: Encoder, t: Tables, batch_size: int = 64, progress: bool = True
-) -> tuple[np.ndarray, np.ndarray]:
-    """Returns (reply vectors [R, D], query vectors [Q, D])."""
-    texts = list(dict.fromkeys(t.reply_texts + t.query_texts))
+    encoder: Encoder, t: Tables, known: KnownVectors | None = None, chunk: int = 1024, progress: bool = True
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Returns (reply vectors [R, D], query vectors [Q, D], texts encoded)."""
+    known = known or KnownVectors.empty(encoder.dim)
+    missing = [x for x in t.reply_texts if x not in known.reply_rows]
+    missing += [x for x in t.query_texts if x not in known.query_rows]
+    texts = list(dict.fromkeys(missing))
     row = {text: i for i, text in enumerate(texts)}
     context = np.empty((len(texts), encoder.dim), dtype=np.float32)  # [U, D]
     reply = np.empty_like(context)  # [U, D]
     order = np.argsort([len(x) for x in texts], kind="stable")
     bar = tqdm(total=len(texts), desc="encode", unit="text", disable=not progress, file=sys.stderr)
-    for start in range(0, len(texts), batch_size):
-        rows = order[start : start + batch_size]
+    for start in range(0, len(texts), chunk):
+        rows = order[start : start + chunk]  # length-sorted chunks batch with little padding
         context[rows], reply[rows] = encoder.encode_both([texts[i] for i in rows])
         bar.update(len(rows))
     bar.close()
-    reply_vectors = reply[[row[x] for x in t.reply_texts]]  # [R, D]
-    query_vectors = context[[row[x] for x in t.query_texts]]  # [Q, D]
-    return reply_vectors, query_vectors
+
+    def gather(wanted: list[str], rows: dict[str, int], old: np.ndarray, fresh: np.ndarray) -> np.ndarray:
+        out = np.empty((len(wanted), encoder.dim), dtype=np.float32)  # [N, D]
+        for i, text in enumerate(wanted):
+            out[i] = old[rows[text]] if text in rows else fresh[row[text]]
+        return out
+
+    reply_vectors = gather(t.reply_texts, known.reply_rows, known.reply_vectors, reply)  # [R, D]
+    query_vectors = gather(t.query_texts, known.query_rows, known.query_vectors, context)  # [Q, D]
+    return reply_vectors, query_vectors, len(texts)
 
 
 def self_retrieval(index: faiss.Index, vectors: np.ndarray, seed: int = 0) -> float:
@@ -114,14 +153,20 @@ def build_version(
     source: str,
     progress: bool = True,
     on_stage: Callable[[str], None] = lambda stage: None,
+    reuse: bool = True,
 ) -> IndexManifest:
-    """Builds, validates and commits a new version. Does not make it current."""
+    """Builds, validates and commits a new version. Does not make it current.
+
+    With reuse, texts already embedded by the newest version built with the
+    same bundle are not encoded again."""
     started = time.perf_counter()
     t = tables(candidates)
     if not t.reply_texts:
         raise ValueError("no candidates with a reply")
     on_stage("encode")
-    reply_vectors, query_vectors = encode_all(encoder, t, progress=progress)
+    previous = store.latest_for(bundle_checksum) if reuse else None
+    known = KnownVectors.load(store.path(previous)) if previous else None
+    reply_vectors, query_vectors, encoded = encode_all(encoder, t, known, progress=progress)
     on_stage("index")
     reply_index, reply_report = ann.build(reply_vectors)
     query_index, query_report = (
@@ -153,6 +198,7 @@ def build_version(
         build_seconds=round(time.perf_counter() - started, 2),
         ann={"replies": reply_report.to_dict(), "queries": query_report.to_dict()},
         checks=checks,
+        encoded=encoded,
     )
     staging = store.stage()
     try:
@@ -187,6 +233,7 @@ def main() -> None:
     parser.add_argument("--artifacts", type=Path, default=Path("artifacts"))
     parser.add_argument("--bundle", type=Path, help="bundle directory (default: the best under artifacts/bundles)")
     parser.add_argument("--if-missing", action="store_true", help="skip if a version for this bundle exists")
+    parser.add_argument("--no-reuse", action="store_true", help="encode every text, even ones a version has")
     args = parser.parse_args()
     bundle_dir = args.bundle or best_bundle(args.artifacts / "bundles")
     if bundle_dir is None:
@@ -201,11 +248,13 @@ def main() -> None:
     started = time.perf_counter()
     candidates = corpus_candidates(bundle.max_context_turns)
     print(f"[index] {len(candidates)} chitchat train candidates in {time.perf_counter() - started:.1f}s")
-    manifest = build_version(candidates, Encoder(bundle_dir, bundle), bundle.checksum, store, "chitchat:train")
+    encoder = Encoder(bundle_dir, bundle)
+    manifest = build_version(candidates, encoder, bundle.checksum, store, "chitchat:train", reuse=not args.no_reuse)
     store.set_current(manifest.version)
     print(
         f"[index] {manifest.version}: {manifest.replies} replies, {manifest.queries} queries, "
-        f"ann {manifest.ann}, checks {manifest.checks}, in {manifest.build_seconds:.1f}s"
+        f"{manifest.encoded} texts encoded, ann {manifest.ann}, checks {manifest.checks}, "
+        f"in {manifest.build_seconds:.1f}s"
     )
 
 

@@ -44,6 +44,7 @@ class IndexManifest:
     build_seconds: float
     ann: dict[str, dict[str, Any]] = field(default_factory=dict)  # "replies"/"queries" -> AnnReport
     checks: dict[str, float] = field(default_factory=dict)  # validation figures measured before commit
+    encoded: int = 0  # texts encoded for this version; the rest were reused from an earlier one
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> IndexManifest:
