@@ -222,10 +222,11 @@ def build_version(
     return manifest
 
 
-def corpus_candidates(max_context_turns: int) -> list[Candidate]:
+def corpus_candidates(max_context_turns: int, path: Path | None = None) -> list[Candidate]:
     from models.data import candidate_records, load_pairs
 
-    return [Candidate(reply=r.reply, query=r.query) for r in candidate_records(load_pairs("train", max_context_turns))]
+    pairs = load_pairs("train", max_context_turns, path)
+    return [Candidate(reply=r.reply, query=r.query) for r in candidate_records(pairs)]
 
 
 def main() -> None:

@@ -61,6 +61,25 @@ class DualEncoder(nn.Module):
         hidden = self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, T, H]
         return mean_pool(hidden, attention_mask)  # [B, H]
 
+    def encode_context(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        pooled = self.pooled(input_ids, attention_mask)  # [B, H]
+        out = pooled if self.context_head is None else pooled + self.context_head(pooled)
+        return F.normalize(out, dim=-1)  # [B, H]
+
+    def encode_reply(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        pooled = self.pooled(input_ids, attention_mask)  # [B, H]
+        out = pooled if self.reply_head is None else pooled + self.reply_head(pooled)
+        return F.normalize(out, dim=-1)  # [B, H]
+
+    def add_heads(self) -> None:
+        """Residual linear heads, zero-initialised: training starts from the pretrained geometry."""
+        dim = self.dim
+        self.context_head = nn.Linear(dim, dim)
+        self.reply_head = nn.Linear(dim, dim)
+        for head in (self.context_head, self.reply_head):
+            nn.init.zeros_(head.weight)
+            nn.init.zeros_(head.bias)
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         pooled = self.pooled(input_ids, attention_mask)  # [B, H]
         context = pooled if self.context_head is None else pooled + self.context_head(pooled)

@@ -59,6 +59,8 @@ class ExportConfig:
     min_parity_cosine: float = 0.99  # the build fails if the mean cosine over the sample is below this
     thresholds: Thresholds = field(default_factory=Thresholds)
     eval: dict[str, float] = field(default_factory=dict)
+    servable: bool = True  # False: kept for evaluation, never picked by the service on its own
+    training: dict[str, object] = field(default_factory=dict)
 
 
 def _torch_vectors(model: DualEncoder, tokenizer: Tokenizer, texts: list[str]) -> np.ndarray:
@@ -173,6 +175,8 @@ def _manifest(model: DualEncoder, config: ExportConfig, staging: Path, quantizat
         checksum=combined_checksum(files),
         thresholds=config.thresholds,
         eval=dict(config.eval),
+        servable=config.servable,
+        training=dict(config.training),
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
 
@@ -220,6 +224,7 @@ def main() -> None:
         kind="zero-shot",
         tokenizer_path=minilm_path() / TOKENIZER_FILE,
         quantize=not args.fp32,
+        servable=not args.fp32,  # the fp32 export is the latency baseline, not for serving
     )
     export_bundle(load_pretrained(), config, args.bundles, parity_sample())
 

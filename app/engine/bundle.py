@@ -50,6 +50,10 @@ class BundleManifest:
     thresholds: Thresholds = field(default_factory=Thresholds)
     parity: dict[str, float] = field(default_factory=dict)
     eval: dict[str, float] = field(default_factory=dict)  # released figures, e.g. {"r_at_1": 0.39}
+    # False for bundles kept only for evaluation (fp32 copies, the teacher):
+    # the service never picks them on its own.
+    servable: bool = True
+    training: dict[str, object] = field(default_factory=dict)  # profile and per-stage steps/seconds/loss
     created_at: str = ""
     format_version: int = FORMAT_VERSION
 
@@ -98,11 +102,14 @@ def list_bundles(bundles_root: Path) -> list[tuple[Path, BundleManifest]]:
     return found
 
 
+def ranked_bundles(bundles_root: Path) -> list[Path]:
+    """Servable bundles, best released R@1 first; bundles without a figure
+    rank last, so an evaluated trained bundle beats the zero-shot export."""
+    servable = [(path, m) for path, m in list_bundles(bundles_root) if m.servable]
+    servable.sort(key=lambda item: (item[1].eval.get("r_at_1", -1.0), item[1].created_at), reverse=True)
+    return [path for path, _ in servable]
+
+
 def best_bundle(bundles_root: Path) -> Path | None:
-    """The bundle with the best released R@1; bundles without a figure rank
-    last, so a trained bundle beats the zero-shot export once one exists."""
-    ranked = sorted(
-        list_bundles(bundles_root),
-        key=lambda item: (item[1].eval.get("r_at_1", -1.0), item[1].created_at),
-    )
-    return ranked[-1][0] if ranked else None
+    ranked = ranked_bundles(bundles_root)
+    return ranked[0] if ranked else None

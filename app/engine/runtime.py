@@ -15,7 +15,7 @@ from pathlib import Path
 import faiss
 
 from app.config import Settings
-from app.engine.bundle import best_bundle, read_manifest, verify_files
+from app.engine.bundle import ranked_bundles, read_manifest, verify_files
 from app.engine.cache import EmbeddingCache
 from app.engine.compute import ComputePool
 from app.engine.encoder import Encoder
@@ -53,17 +53,29 @@ class Runtime:
         await self.kv.close()
 
 
-def load_serving(settings: Settings, store: IndexStore) -> Serving:
-    bundle_dir: Path | None = settings.bundle_dir or best_bundle(settings.bundles_root)
-    if bundle_dir is None:
+def _pick(settings: Settings, store: IndexStore) -> tuple[Path, str]:
+    """The configured bundle, or the best servable one that has an index.
+
+    Vectors from one model are never searched with another: a bundle is
+    served only with an index version built with its checksum."""
+    candidates = [settings.bundle_dir] if settings.bundle_dir else ranked_bundles(settings.bundles_root)
+    if not candidates:
         raise NotReady(f"no model bundle under {settings.bundles_root}; run `make artifacts`")
+    for bundle_dir in candidates:
+        version = store.latest_for(read_manifest(bundle_dir).checksum)
+        if version is not None:
+            if bundle_dir != candidates[0]:
+                log.warning(
+                    "bundle %s has no index; serving %s. Run `make index`.", candidates[0].name, bundle_dir.name
+                )
+            return bundle_dir, version
+    raise NotReady(f"no index version built with bundle {candidates[0].name}; run `make index`")
+
+
+def load_serving(settings: Settings, store: IndexStore) -> Serving:
+    bundle_dir, version = _pick(settings, store)
     bundle = read_manifest(bundle_dir)
     verify_files(bundle_dir, bundle)
-    version = store.latest_for(bundle.checksum)
-    if version is None:
-        raise NotReady(
-            f"no index version built with bundle {bundle.name} ({bundle.checksum[:12]}); run `make artifacts`"
-        )
     started = time.perf_counter()
     encoder = Encoder(bundle_dir, bundle, intra_op_threads=settings.ort_intra_op_threads)
     index = store.load(version)
