@@ -38,11 +38,18 @@ MIN_SELF_RETRIEVAL = 0.99  # a stored reply must find itself; less means a broke
 class Candidate:
     reply: str
     query: str | None = None  # the utterance this reply answered, for query similarity
-    id: str | None = None  # caller-chosen id; defaults to a hash of the normalised reply
+    id: str | None = None  # caller-chosen id; defaults to a hash of the normalised pair
+    metadata: dict[str, object] | None = None  # kept in the candidate store, not in the index
+
+    @property
+    def key(self) -> str:
+        return self.id or candidate_id(self.reply, self.query)
 
 
-def candidate_id(reply: str) -> str:
-    return hashlib.sha1(normalize(reply).encode()).hexdigest()[:16]
+def candidate_id(reply: str, query: str | None = None) -> str:
+    """Stable id of a (query, reply) record: the same pair uploaded twice is one record."""
+    text = normalize(reply) if query is None else f"{normalize(query)}\x1f{normalize(reply)}"
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
 @dataclass
@@ -63,7 +70,7 @@ def tables(candidates: Sequence[Candidate]) -> Tables:
         key = normalize(c.reply)
         if key not in reply_row:
             reply_row[key] = len(t.reply_texts)
-            t.reply_ids.append(c.id or candidate_id(c.reply))
+            t.reply_ids.append(c.key)
             t.reply_texts.append(c.reply)
         if c.query:
             query_key = normalize(c.query)
@@ -104,7 +111,12 @@ class KnownVectors:
 
 
 def encode_all(
-    encoder: Encoder, t: Tables, known: KnownVectors | None = None, chunk: int = 1024, progress: bool = True
+    encoder: Encoder,
+    t: Tables,
+    known: KnownVectors | None = None,
+    chunk: int = 1024,
+    progress: bool = True,
+    on_fraction: Callable[[float], None] = lambda fraction: None,
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Returns (reply vectors [R, D], query vectors [Q, D], texts encoded)."""
     known = known or KnownVectors.empty(encoder.dim)
@@ -120,6 +132,7 @@ def encode_all(
         rows = order[start : start + chunk]  # length-sorted chunks batch with little padding
         context[rows], reply[rows] = encoder.encode_both([texts[i] for i in rows])
         bar.update(len(rows))
+        on_fraction(min(1.0, (start + chunk) / len(texts)))
     bar.close()
 
     def gather(wanted: list[str], rows: dict[str, int], old: np.ndarray, fresh: np.ndarray) -> np.ndarray:
@@ -152,7 +165,7 @@ def build_version(
     store: IndexStore,
     source: str,
     progress: bool = True,
-    on_stage: Callable[[str], None] = lambda stage: None,
+    on_progress: Callable[[str, float], None] = lambda stage, fraction: None,
     reuse: bool = True,
 ) -> IndexManifest:
     """Builds, validates and commits a new version. Does not make it current.
@@ -163,11 +176,13 @@ def build_version(
     t = tables(candidates)
     if not t.reply_texts:
         raise ValueError("no candidates with a reply")
-    on_stage("encode")
+    on_progress("encode", 0.0)
     previous = store.latest_for(bundle_checksum) if reuse else None
     known = KnownVectors.load(store.path(previous)) if previous else None
-    reply_vectors, query_vectors, encoded = encode_all(encoder, t, known, progress=progress)
-    on_stage("index")
+    reply_vectors, query_vectors, encoded = encode_all(
+        encoder, t, known, progress=progress, on_fraction=lambda f: on_progress("encode", f)
+    )
+    on_progress("index", 0.0)
     reply_index, reply_report = ann.build(reply_vectors)
     query_index, query_report = (
         ann.build(query_vectors)
@@ -175,7 +190,7 @@ def build_version(
         else (faiss.IndexFlatIP(encoder.dim), ann.AnnReport("flat", 0, 1.0))
     )
 
-    on_stage("validate")
+    on_progress("validate", 0.0)
     checks = {"reply_self_retrieval": self_retrieval(reply_index, reply_vectors)}
     if len(query_vectors):
         checks["query_self_retrieval"] = self_retrieval(query_index, query_vectors)
@@ -183,7 +198,7 @@ def build_version(
     if failed or reply_index.d != encoder.dim or reply_index.ntotal != len(t.reply_texts):
         raise RuntimeError(f"index validation failed: {checks}, dim {reply_index.d}, rows {reply_index.ntotal}")
 
-    on_stage("commit")
+    on_progress("commit", 0.0)
     created = datetime.now(UTC)
     digest = hashlib.sha1("\n".join(t.reply_ids).encode() + bundle_checksum.encode()).hexdigest()[:6]
     manifest = IndexManifest(

@@ -6,6 +6,7 @@ Pure CPU code with no I/O: the caller runs it off the event loop.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -25,6 +26,7 @@ class Serving:
     """What one request uses from start to end; swapped as a whole."""
 
     bundle: BundleManifest
+    bundle_dir: Path
     encoder: Encoder
     index: IndexVersion
 

@@ -80,7 +80,7 @@ def load_serving(settings: Settings, store: IndexStore) -> Serving:
     encoder = Encoder(bundle_dir, bundle, intra_op_threads=settings.ort_intra_op_threads)
     index = store.load(version)
     log.info("serving bundle %s with index %s (loaded in %.1fs)", bundle.name, version, time.perf_counter() - started)
-    return Serving(bundle=bundle, encoder=encoder, index=index)
+    return Serving(bundle=bundle, bundle_dir=bundle_dir, encoder=encoder, index=index)
 
 
 def build_runtime(settings: Settings) -> Runtime:

@@ -1,0 +1,174 @@
+"""Zero-downtime reindex: build off to the side, validate, swap, tell the replicas.
+
+A job runs in a background thread at lower CPU priority with a one-thread
+encoder, so live requests keep most of the machine. Nothing is written to the
+candidate store or the current-version pointer until the new version has been
+built and validated; a failed job changes nothing that serves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+
+from app.engine.encoder import Encoder
+from app.engine.jobs import Job, JobStore, Lock
+from app.engine.retriever import Serving
+from app.engine.runtime import Runtime
+from index.build import Candidate, build_version
+from index.candidates import CandidateStore, apply, seed_from_index
+
+log = logging.getLogger(__name__)
+
+KEEP_VERSIONS = 3  # the serving one, the rollback target, and one more
+BACKGROUND_NICE = 10  # Linux: per-thread niceness; inherited by threads it starts
+
+
+class Busy(Exception):
+    """Another reindex or rollback holds the lock."""
+
+
+def load_version(runtime: Runtime, serving: Serving, version: str) -> Serving:
+    """The same bundle with another index version. Refuses a version built
+    with another model: its vectors would be searched with the wrong encoder."""
+    index = runtime.store.load(version)
+    if index.manifest.bundle_checksum != serving.bundle.checksum:
+        raise ValueError(f"index {version} was built with another model ({index.manifest.bundle_checksum[:12]})")
+    return replace(serving, index=index)
+
+
+class Reindexer:
+    def __init__(
+        self,
+        runtime: Runtime,
+        candidates: CandidateStore,
+        jobs: JobStore,
+        lock: Lock,
+        publish: Callable[[str], None],
+    ) -> None:
+        self.runtime = runtime
+        self.candidates = candidates
+        self.jobs = jobs
+        self.lock = lock
+        self.publish = publish
+
+    def submit(self, mode: str, upload: list[Candidate]) -> Job:
+        job = Job.new(mode)
+        job.counts = {"uploaded": len(upload)}
+        if not self.lock.acquire(job.id):
+            raise Busy(f"reindex job {self.lock.holder()} is running")
+        try:
+            self.jobs.save(job)
+            threading.Thread(target=self._run, args=(job, upload), name=f"reindex-{job.id}", daemon=True).start()
+        except BaseException:
+            self.lock.release(job.id)
+            raise
+        return job
+
+    def _run(self, job: Job, upload: list[Candidate]) -> None:
+        # Not Linux, or not permitted: the job runs at normal priority.
+        with contextlib.suppress(OSError, AttributeError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
+        stop_renewing = threading.Event()
+        threading.Thread(target=self._renew, args=(job.id, stop_renewing), daemon=True).start()
+        try:
+            job.state = "running"
+            self._build_and_swap(job, upload)
+            job.state, job.stage, job.progress = "succeeded", "done", 1.0
+            log.info("reindex %s: now serving %s", job.id, job.version)
+        except Exception as error:
+            log.exception("reindex %s failed", job.id)
+            job.state, job.error = "failed", f"{type(error).__name__}: {error}"
+        finally:
+            stop_renewing.set()
+            # Released before the final state is saved: once a client sees
+            # the job finished, its next upload must not get 409.
+            self.lock.release(job.id)
+            self.jobs.save(job)
+
+    def _renew(self, token: str, stop: threading.Event) -> None:
+        while not stop.wait(5):
+            try:
+                self.lock.renew(token)
+            except Exception:  # a Redis blip must not kill the job; the TTL covers it
+                log.warning("could not renew the reindex lock", exc_info=True)
+
+    def _progress(self, job: Job, stage: str, fraction: float) -> None:
+        job.stage, job.progress = stage, round(fraction, 3)
+        self.jobs.save(job)
+
+    def _build_and_swap(self, job: Job, upload: list[Candidate]) -> None:
+        serving = self.runtime.current()
+        job.previous_version = serving.index_version
+        self._progress(job, "load", 0.0)
+        current = self.candidates.all()
+        if not current and not self.candidates.written():
+            current = seed_from_index(self.runtime.store.path(serving.index_version))
+        merged = apply(current, job.mode, upload)
+        job.counts.update(candidates_before=len(current), candidates_after=len(merged))
+        if not merged:
+            raise ValueError("the upload would leave no candidates")
+
+        # Its own one-thread session, created in this low-priority thread.
+        encoder = Encoder(serving.bundle_dir, serving.bundle, intra_op_threads=1)
+        manifest = build_version(
+            merged,
+            encoder,
+            serving.bundle.checksum,
+            self.runtime.store,
+            source=f"admin:{job.mode}",
+            progress=False,
+            on_progress=lambda stage, fraction: self._progress(job, stage, fraction),
+        )
+        job.version = manifest.version
+        job.counts.update(replies=manifest.replies, queries=manifest.queries, encoded=manifest.encoded)
+
+        self._progress(job, "swap", 0.0)
+        fresh = load_version(self.runtime, serving, manifest.version)
+        self.candidates.replace(merged)  # only now: the new version is built and valid
+        self.runtime.store.set_current(manifest.version)
+        self.runtime.serving = fresh
+        self.publish(manifest.version)
+        prune(self.runtime, keep=KEEP_VERSIONS)
+
+    def rollback(self) -> tuple[str, str]:
+        """Serve the version before the current one. Returns (from, to)."""
+        token = f"rollback-{os.getpid()}"
+        if not self.lock.acquire(token):
+            raise Busy(f"reindex job {self.lock.holder()} is running")
+        try:
+            serving = self.runtime.current()
+            target = previous_version(self.runtime, serving)
+            if target is None:
+                raise LookupError("no earlier index version built with this model")
+            fresh = load_version(self.runtime, serving, target)
+            self.runtime.store.set_current(target)
+            self.runtime.serving = fresh
+            self.publish(target)
+            return serving.index_version, target
+        finally:
+            self.lock.release(token)
+
+
+def same_model_versions(runtime: Runtime, serving: Serving) -> list[str]:
+    store = runtime.store
+    return [v for v in store.versions() if store.manifest(v).bundle_checksum == serving.bundle.checksum]
+
+
+def previous_version(runtime: Runtime, serving: Serving) -> str | None:
+    older = [v for v in same_model_versions(runtime, serving) if v < serving.index_version]
+    return older[-1] if older else None
+
+
+def prune(runtime: Runtime, keep: int) -> None:
+    """Deletes all but this model's newest `keep` versions, never the serving one.
+    Other models' versions are left alone: they are another bundle's index."""
+    serving = runtime.current()
+    for version in same_model_versions(runtime, serving)[:-keep]:
+        if version != serving.index_version:
+            shutil.rmtree(runtime.store.path(version), ignore_errors=True)
