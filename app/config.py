@@ -44,8 +44,11 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=64 * 1024, ge=1024)
     default_k: int = Field(default=5, ge=1, le=50)
 
-    # Admin routes are disabled unless this is set.
+    # Admin routes are disabled unless this is set (an empty value counts as unset).
     admin_token: SecretStr | None = None
+    # Candidate uploads: ~100 bytes a record, so 32 MiB holds the 200k-record limit.
+    admin_max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    admin_max_records: int = Field(default=200_000, ge=1)
 
     @property
     def bundles_root(self) -> Path:

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from app.config import Settings, get_settings
+from app.config import Settings
 from app.engine.runtime import Runtime
 
 
@@ -15,5 +15,10 @@ def get_runtime(request: Request) -> Runtime:
     return runtime
 
 
+def get_app_settings(request: Request) -> Settings:
+    """The settings this app was created with (tests create apps with their own)."""
+    return get_runtime(request).settings
+
+
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
-SettingsDep = Annotated[Settings, Depends(get_settings)]
+SettingsDep = Annotated[Settings, Depends(get_app_settings)]

@@ -13,11 +13,14 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.engine.compute import Overloaded
 from app.engine.pipeline import NoCandidates
+from app.engine.reindex import Busy
 from app.engine.runtime import NotReady
+from app.uploads import UploadError
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +103,7 @@ _ENGINE_KINDS: dict[type[Exception], ErrorKind] = {
     NotReady: ErrorKind.not_ready,
     Overloaded: ErrorKind.overloaded,
     NoCandidates: ErrorKind.not_found,
+    Busy: ErrorKind.conflict,
 }
 
 
@@ -120,6 +124,15 @@ def install(app: FastAPI) -> None:
     async def engine_error(_: Request, exc: Exception) -> JSONResponse:
         return error_response(ApiError(_ENGINE_KINDS[type(exc)], str(exc)))
 
+    async def upload_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, UploadError)
+        kind = ErrorKind.payload_too_large if exc.too_large else ErrorKind.validation
+        return error_response(ApiError(kind, exc.message, exc.field, exc.details or None))
+
+    async def redis_error(_: Request, exc: Exception) -> JSONResponse:
+        # Only admin routes reach Redis without the serving path's guard.
+        return error_response(ApiError(ErrorKind.not_ready, f"redis unavailable: {exc}"))
+
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error", exc_info=exc)
         return error_response(ApiError(ErrorKind.internal, "internal error"))
@@ -129,4 +142,6 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, http_error)
     for engine_exception in _ENGINE_KINDS:
         app.add_exception_handler(engine_exception, engine_error)
+    app.add_exception_handler(UploadError, upload_error)
+    app.add_exception_handler(RedisError, redis_error)
     app.add_exception_handler(Exception, unexpected)

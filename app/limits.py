@@ -14,12 +14,13 @@ from app.errors import ApiError, ErrorKind, error_body
 
 
 class BodySizeLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, per_path: dict[str, int] | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.per_path = per_path or {}  # exact path -> its own limit (bulk uploads)
 
-    async def _reject(self, send: Send) -> None:
-        error = ApiError(ErrorKind.payload_too_large, f"request body exceeds {self.max_bytes} bytes", "body")
+    async def _reject(self, send: Send, limit: int) -> None:
+        error = ApiError(ErrorKind.payload_too_large, f"request body exceeds {limit} bytes", "body")
         payload = json.dumps(error_body(error)).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
         await send({"type": "http.response.start", "status": 413, "headers": headers})
@@ -29,9 +30,10 @@ class BodySizeLimit:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
             await self.app(scope, receive, send)
             return
+        limit = self.per_path.get(scope["path"], self.max_bytes)
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._reject(send)
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await self._reject(send, limit)
             return
         chunks, size = [], 0
         while True:
@@ -40,8 +42,8 @@ class BodySizeLimit:
                 return
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > self.max_bytes:
-                await self._reject(send)
+            if size > limit:
+                await self._reject(send, limit)
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):

@@ -1,0 +1,57 @@
+"""Wires the admin side: candidate store, jobs, lock and reindexer, on Redis
+when configured, else on the artifact volume and in process."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import redis
+
+from app.config import Settings
+from app.engine.jobs import FileJobStore, JobStore, Lock, ProcessLock, RedisJobStore, RedisLock, fail_interrupted
+from app.engine.reindex import Reindexer
+from app.engine.replicas import Publisher, replica_id
+from app.engine.runtime import Runtime
+from index.candidates import CandidateStore, FileCandidateStore, RedisCandidateStore
+
+log = logging.getLogger(__name__)
+
+# Admin calls move whole candidate sets; they get longer than the serving path's timeout.
+ADMIN_REDIS_TIMEOUT_S = 10
+
+
+@dataclass
+class Admin:
+    reindexer: Reindexer
+    jobs: JobStore
+    candidates: CandidateStore
+    client: redis.Redis | None
+    origin: str  # this replica's id on the update channel
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+
+
+def build_admin(settings: Settings, runtime: Runtime) -> Admin:
+    client: redis.Redis | None = None
+    candidates: CandidateStore
+    jobs: JobStore
+    lock: Lock
+    if settings.redis_url:
+        client = redis.Redis.from_url(
+            settings.redis_url, socket_timeout=ADMIN_REDIS_TIMEOUT_S, socket_connect_timeout=2
+        )
+        candidates, jobs, lock = RedisCandidateStore(client), RedisJobStore(client), RedisLock(client)
+    else:
+        candidates = FileCandidateStore(settings.artifacts_dir / "candidates.jsonl")
+        jobs, lock = FileJobStore(settings.artifacts_dir / "jobs"), ProcessLock()
+    try:
+        for job_id in fail_interrupted(jobs, lock):
+            log.warning("reindex job %s was interrupted by a restart; marked failed", job_id)
+    except (redis.RedisError, OSError) as error:
+        log.warning("could not check for interrupted jobs: %s", error)
+    origin = replica_id()
+    reindexer = Reindexer(runtime, candidates, jobs, lock, Publisher(client, origin))
+    return Admin(reindexer, jobs, candidates, client, origin)
