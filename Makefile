@@ -15,7 +15,7 @@ PIP_INSTALL := $(PY) -m pip install --quiet --disable-pip-version-check $(if $(W
 
 PROFILE ?= full
 
-.PHONY: help install install-dev run serve artifacts bundle index train eval test lint format typecheck pytest bench clean docker
+.PHONY: help install install-dev run serve artifacts bundle index train eval bench-reindex test lint format typecheck pytest bench clean docker
 
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -80,6 +80,10 @@ test: lint typecheck pytest  ## everything CI runs
 
 bench: artifacts  ## /reply latency against the full chitchat index (starts its own server)
 	$(PY) -m bench.latency
+
+bench-reindex: artifacts  ## live reindex of ~100k candidates: duration and /reply p99 during it (needs Redis)
+	$(PY) -m bench.reindex
+	$(PY) -m bench.reindex --fresh
 
 docker:  ## build the image (needs a Docker engine)
 	docker compose build

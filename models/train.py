@@ -111,9 +111,9 @@ def run_budgeted(
     max_steps: int,
     optimizer: torch.optim.Optimizer,
     warmup_fraction: float,
-    step: Callable[[], float],
+    batch_loss: Callable[[], torch.Tensor],
 ) -> dict[str, float]:
-    """Calls step() until the budget or max_steps; LR warms up, then decays linearly in time."""
+    """Optimises batch_loss() until the budget or max_steps; LR warms up, then decays linearly in time."""
     base = [g["lr"] for g in optimizer.param_groups]
     started = time.perf_counter()
     losses: list[float] = []
@@ -126,7 +126,11 @@ def run_budgeted(
         factor = min(1.0, progress / warmup_fraction) if progress < warmup_fraction else 1.0 - progress
         for group, lr in zip(optimizer.param_groups, base, strict=True):
             group["lr"] = lr * max(factor, 0.02)
-        losses.append(step())
+        loss = batch_loss()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
         bar.n = min(round(time.perf_counter() - started), round(budget_s))
         bar.set_postfix(step=len(losses), loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
     bar.close()
@@ -143,17 +147,13 @@ def train_teacher(
     opt = optimiser(model, cfg.teacher_lr, cfg.head_lr)
     stream = batches(pairs, cfg.batch_size, random.Random(cfg.seed))
 
-    def step() -> float:
+    def batch_loss() -> torch.Tensor:
         batch = next(stream)
         context = model.encode_context(*tok.contexts([c for c, _ in batch]))  # [B, D]
         reply = model.encode_reply(*tok.replies([r for _, r in batch]))  # [B, D]
-        loss = in_batch_negatives(context, reply, cfg.scale)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss.item()
+        return in_batch_negatives(context, reply, cfg.scale)
 
-    stats = run_budgeted("teacher", cfg.teacher_budget_s, cfg.max_steps, opt, cfg.warmup_fraction, step)
+    stats = run_budgeted("teacher", cfg.teacher_budget_s, cfg.max_steps, opt, cfg.warmup_fraction, batch_loss)
     model.eval()
     return stats
 
@@ -166,19 +166,15 @@ def distill_student(
     opt = optimiser(student, cfg.student_lr, cfg.head_lr)
     rng = random.Random(cfg.seed + 1)
 
-    def step() -> float:
+    def batch_loss() -> torch.Tensor:
         batch = rng.sample(texts, min(cfg.batch_size, len(texts)))
         ids, mask = tok.contexts(batch)  # [B, T]
         with torch.inference_mode():
             t_context, t_reply = teacher(ids, mask)  # [B, D] each
         s_context, s_reply = student(ids, mask)  # [B, D] each
-        loss = embedding_distillation(s_context, t_context.clone()) + embedding_distillation(s_reply, t_reply.clone())
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss.item()
+        return embedding_distillation(s_context, t_context.clone()) + embedding_distillation(s_reply, t_reply.clone())
 
-    stats = run_budgeted("distill", cfg.distill_budget_s, cfg.max_steps, opt, cfg.warmup_fraction, step)
+    stats = run_budgeted("distill", cfg.distill_budget_s, cfg.max_steps, opt, cfg.warmup_fraction, batch_loss)
     student.eval()
     return stats
 
@@ -191,7 +187,7 @@ def tune_student(
     opt = optimiser(student, cfg.student_lr, cfg.head_lr)
     stream = batches(pairs, cfg.batch_size, random.Random(cfg.seed + 2))
 
-    def step() -> float:
+    def batch_loss() -> torch.Tensor:
         batch = next(stream)
         context_in = tok.contexts([c for c, _ in batch])
         reply_in = tok.replies([r for _, r in batch])
@@ -200,15 +196,11 @@ def tune_student(
             t_reply = teacher.encode_reply(*reply_in)  # [B, D]
         context = student.encode_context(*context_in)  # [B, D]
         reply = student.encode_reply(*reply_in)  # [B, D]
-        loss = in_batch_negatives(context, reply, cfg.scale) + cfg.distill_weight * score_distillation(
+        return in_batch_negatives(context, reply, cfg.scale) + cfg.distill_weight * score_distillation(
             context, reply, t_context.clone(), t_reply.clone(), cfg.scale
         )
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss.item()
 
-    stats = run_budgeted("student", cfg.student_budget_s, cfg.max_steps, opt, cfg.warmup_fraction, step)
+    stats = run_budgeted("student", cfg.student_budget_s, cfg.max_steps, opt, cfg.warmup_fraction, batch_loss)
     student.eval()
     return stats
 

@@ -1,0 +1,165 @@
+"""Live reindex of the full candidate set: how long it takes, and what it does
+to /reply latency while it runs.
+
+Starts its own server (admin enabled, a real Redis on 127.0.0.1:6379, db 14)
+on a scratch copy of artifacts/ (bundles linked, the serving index version
+hard-linked: versions are immutable), then:
+
+1. steady state: a closed-loop client sends held-out contexts to /reply;
+2. uploads the ~100k chitchat train candidates in `replace` mode and keeps
+   the same client running until the job finishes.
+
+    python -m bench.reindex            # texts the serving version already embedded (reused)
+    python -m bench.reindex --fresh    # every text new: all ~100k are encoded
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import redis
+
+from app.engine.bundle import best_bundle, read_manifest
+from bench.latency import free_port, test_contexts
+from index.build import corpus_candidates
+from index.store import IndexStore
+
+TOKEN = "bench-token"
+REDIS_URL = "redis://127.0.0.1:6379/14"
+
+
+def scratch_artifacts(source: Path) -> Path:
+    root = Path(tempfile.mkdtemp(prefix="reindex-bench-"))
+    (root / "bundles").mkdir()
+    bundle = best_bundle(source / "bundles")
+    assert bundle is not None, "no bundle: run `make artifacts`"
+    (root / "bundles" / bundle.name).symlink_to(bundle.resolve())
+    store = IndexStore(source / "indexes")
+    version = store.latest_for(read_manifest(bundle).checksum)
+    assert version is not None, "no index for the bundle: run `make artifacts`"
+    shutil.copytree(store.path(version), root / "indexes" / version, copy_function=os.link)
+    IndexStore(root / "indexes").set_current(version)
+    return root
+
+
+async def client_loop(url: str, contexts: list[list[str]], stop: asyncio.Event) -> tuple[list[float], int, set[str]]:
+    latencies, errors, versions = [], 0, set()
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        i = 0
+        while not stop.is_set():
+            started = time.perf_counter()
+            response = await client.post("/reply", json={"context": contexts[i % len(contexts)]})
+            latencies.append((time.perf_counter() - started) * 1000)
+            if response.status_code != 200:
+                errors += 1
+            else:
+                versions.add(response.json()["index_version"])
+            i += 1
+    return latencies, errors, versions
+
+
+async def measure(url: str, records: list[dict[str, Any]], steady_s: float) -> dict[str, Any]:
+    # Distinct contexts from the test split; the embedding cache sees each once per pass.
+    contexts = test_contexts(5000, 3, seed=1)
+    stop = asyncio.Event()
+    steady_task = asyncio.create_task(client_loop(url, contexts[:2500], stop))
+    await asyncio.sleep(steady_s)
+    stop.set()
+    steady, _, _ = await steady_task
+
+    stop = asyncio.Event()
+    during_task = asyncio.create_task(client_loop(url, contexts[2500:], stop))
+    headers = {"authorization": f"Bearer {TOKEN}"}
+    async with httpx.AsyncClient(base_url=url, timeout=120) as admin:
+        started = time.perf_counter()
+        response = await admin.post("/admin/candidates?mode=replace", json=records, headers=headers)
+        response.raise_for_status()
+        job_id = response.json()["job_id"]
+        while True:
+            job = (await admin.get(f"/admin/jobs/{job_id}", headers=headers)).json()
+            if job["state"] in ("succeeded", "failed"):
+                break
+            await asyncio.sleep(0.5)
+        wall = time.perf_counter() - started
+    stop.set()
+    during, errors, versions = await during_task
+    return {
+        "steady": np.array(steady),
+        "during": np.array(during),
+        "errors": errors,
+        "versions": versions,
+        "job": job,
+        "wall_s": wall,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--artifacts", type=Path, default=Path("artifacts"))
+    parser.add_argument("--fresh", action="store_true", help="make every text new, so nothing is reused")
+    parser.add_argument("--steady-seconds", type=float, default=20)
+    args = parser.parse_args()
+
+    redis.Redis.from_url(REDIS_URL).flushdb()
+    root = scratch_artifacts(args.artifacts)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {
+        **os.environ,
+        "CHITCHAT_ARTIFACTS_DIR": str(root),
+        "CHITCHAT_ADMIN_TOKEN": TOKEN,
+        "CHITCHAT_REDIS_URL": REDIS_URL,
+    }
+    server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "app.main:create_app", "--factory", "--port", str(port), "--no-access-log"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(240):
+            try:
+                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        bundle = httpx.get(f"{url}/info").json()["model"]
+        suffix = " (v2)" if args.fresh else ""
+        records = [
+            {"reply": c.reply + suffix, **({"query": c.query + suffix} if c.query else {})}
+            for c in corpus_candidates(bundle["max_context_turns"])
+        ]
+        print(f"bundle {bundle['name']} ({bundle['layers']} layers), {len(records)} candidates, fresh={args.fresh}")
+        result = asyncio.run(measure(url, records, args.steady_seconds))
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        shutil.rmtree(root, ignore_errors=True)
+
+    job = result["job"]
+    steady_p50, steady_p99 = np.percentile(result["steady"], [50, 99])
+    during_p50, during_p99 = np.percentile(result["during"], [50, 99])
+    print(f"job {job['state']}: {job['counts']} error={job['error']}")
+    print(f"reindex: {result['wall_s']:.1f} s from upload to swap ({job['counts'].get('encoded', '?')} texts encoded)")
+    print(f"/reply steady:         n={len(result['steady'])} p50={steady_p50:.2f} ms p99={steady_p99:.2f} ms")
+    print(f"/reply during reindex: n={len(result['during'])} p50={during_p50:.2f} ms p99={during_p99:.2f} ms")
+    print(
+        f"p99 during / steady: {during_p99 / steady_p99:.2f}x; errors during: {result['errors']}; "
+        f"versions seen: {sorted(result['versions'])}"
+    )
+
+
+if __name__ == "__main__":
+    main()
