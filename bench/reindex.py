@@ -120,6 +120,11 @@ def main() -> None:
         "CHITCHAT_ARTIFACTS_DIR": str(root),
         "CHITCHAT_ADMIN_TOKEN": TOKEN,
         "CHITCHAT_REDIS_URL": REDIS_URL,
+        # Both phases must measure the same thing: uncached requests. The
+        # client cycles through its contexts, so cached embeddings would make
+        # the longer "during" phase look faster than steady state.
+        "CHITCHAT_CACHE_LOCAL_ENTRIES": "0",
+        "CHITCHAT_CACHE_TTL_S": "1",
     }
     server = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "app.main:create_app", "--factory", "--port", str(port), "--no-access-log"],

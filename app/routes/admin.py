@@ -4,6 +4,7 @@ index info and rollback. Every route needs the bearer token."""
 from __future__ import annotations
 
 import hmac
+from dataclasses import asdict
 from typing import Annotated, Any
 
 import anyio.to_thread
@@ -54,7 +55,7 @@ async def job(job_id: str, admin: AdminDep) -> dict[str, Any]:
     found = await anyio.to_thread.run_sync(admin.jobs.get, job_id)
     if found is None:
         raise ApiError(ErrorKind.not_found, f"no job {job_id!r}", "job_id")
-    return found.__dict__
+    return asdict(found)
 
 
 @router.get("/index")
