@@ -11,6 +11,7 @@ hard-linked: versions are immutable), then:
 
     python -m bench.reindex            # texts the serving version already embedded (reused)
     python -m bench.reindex --fresh    # every text new: all ~100k are encoded
+    python -m bench.reindex --idle     # no /reply traffic during the reindex
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ async def client_loop(url: str, contexts: list[list[str]], stop: asyncio.Event) 
     return latencies, errors, versions
 
 
-async def measure(url: str, records: list[dict[str, Any]], steady_s: float) -> dict[str, Any]:
+async def measure(url: str, records: list[dict[str, Any]], steady_s: float, idle: bool) -> dict[str, Any]:
     # Distinct contexts from the test split; the embedding cache sees each once per pass.
     contexts = test_contexts(5000, 3, seed=1)
     stop = asyncio.Event()
@@ -79,6 +80,8 @@ async def measure(url: str, records: list[dict[str, Any]], steady_s: float) -> d
     steady, _, _ = await steady_task
 
     stop = asyncio.Event()
+    if idle:
+        stop.set()  # the reindex alone, for its duration without competing traffic
     during_task = asyncio.create_task(client_loop(url, contexts[2500:], stop))
     headers = {"authorization": f"Bearer {TOKEN}"}
     async with httpx.AsyncClient(base_url=url, timeout=120) as admin:
@@ -109,6 +112,7 @@ def main() -> None:
     parser.add_argument("--artifacts", type=Path, default=Path("artifacts"))
     parser.add_argument("--fresh", action="store_true", help="make every text new, so nothing is reused")
     parser.add_argument("--steady-seconds", type=float, default=20)
+    parser.add_argument("--idle", action="store_true", help="no /reply traffic during the reindex")
     args = parser.parse_args()
 
     redis.Redis.from_url(REDIS_URL).flushdb()
@@ -147,7 +151,7 @@ def main() -> None:
             for c in corpus_candidates(bundle["max_context_turns"])
         ]
         print(f"bundle {bundle['name']} ({bundle['layers']} layers), {len(records)} candidates, fresh={args.fresh}")
-        result = asyncio.run(measure(url, records, args.steady_seconds))
+        result = asyncio.run(measure(url, records, args.steady_seconds, args.idle))
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -155,7 +159,7 @@ def main() -> None:
 
     job = result["job"]
     steady_p50, steady_p99 = np.percentile(result["steady"], [50, 99])
-    during_p50, during_p99 = np.percentile(result["during"], [50, 99])
+    during_p50, during_p99 = np.percentile(result["during"], [50, 99]) if len(result["during"]) > 1 else (0.0, 0.0)
     print(f"job {job['state']}: {job['counts']} error={job['error']}")
     print(f"reindex: {result['wall_s']:.1f} s from upload to swap ({job['counts'].get('encoded', '?')} texts encoded)")
     print(f"/reply steady:         n={len(result['steady'])} p50={steady_p50:.2f} ms p99={steady_p99:.2f} ms")

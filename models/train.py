@@ -251,6 +251,12 @@ def run(
     stats["distill"] = distill_student(student, teacher, distill_texts, tok, cfg)
     stats["student"] = tune_student(student, teacher, pairs, tok, cfg)
 
+    # Torch weights for later stages (a poly head trains on the teacher's token outputs).
+    checkpoints = bundles_root.parent / "checkpoints"
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    for model, role in ((teacher, "teacher"), (student, "student")):
+        torch.save(model.state_dict(), checkpoints / f"{prefix}-{role}.pt")
+
     export_started = time.perf_counter()
     bundles = []
     teacher_layers = int(teacher.body.config.num_hidden_layers)

@@ -73,6 +73,10 @@ async def test_pipeline_trains_exports_evaluates_and_the_service_serves_the_stud
         "chitchat-teacher-l4-int8",
     ]
     assert all(outputs.stats[stage]["steps"] == 3 for stage in ("teacher", "distill", "student"))
+    assert sorted(p.name for p in (artifacts / "checkpoints").iterdir()) == [
+        "chitchat-student.pt",
+        "chitchat-teacher.pt",
+    ]
 
     rows = evaluate_all(artifacts / "bundles", tmp_path / "reports", n=100, seed=0, path=corpus)
     assert rows[0]["model"] == "TF-IDF, last turn"

@@ -1,7 +1,7 @@
 """Zero-downtime reindex: build off to the side, validate, swap, tell the replicas.
 
-A job runs in a background thread at lower CPU priority with a one-thread
-encoder, so live requests keep most of the machine. Nothing is written to the
+A job runs in a background thread at lower CPU priority (nice 10, inherited
+by its encoder's threads), so live requests keep most of the machine. Nothing is written to the
 candidate store or the current-version pointer until the new version has been
 built and validated; a failed job changes nothing that serves.
 """
@@ -114,8 +114,10 @@ class Reindexer:
         if not merged:
             raise ValueError("the upload would leave no candidates")
 
-        # Its own one-thread session, created in this low-priority thread.
-        encoder = Encoder(serving.bundle_dir, serving.bundle, intra_op_threads=1)
+        # Its own session, created in this low-priority thread: its worker
+        # threads inherit the niceness, so on an idle machine the build uses
+        # every core and under load the scheduler favours live requests.
+        encoder = Encoder(serving.bundle_dir, serving.bundle, self.runtime.settings.ort_intra_op_threads)
         manifest = build_version(
             merged,
             encoder,
