@@ -42,50 +42,43 @@ class DualEncoder(nn.Module):
     so training starts from the pretrained geometry.
     """
 
-    def __init__(self, body: BertModel, with_heads: bool = False) -> None:
+    def __init__(self, body: BertModel) -> None:
         super().__init__()
         self.body = body
-        dim = body.config.hidden_size
-        self.context_head = nn.Linear(dim, dim) if with_heads else None
-        self.reply_head = nn.Linear(dim, dim) if with_heads else None
-        for head in (self.context_head, self.reply_head):
-            if head is not None:
-                nn.init.zeros_(head.weight)
-                nn.init.zeros_(head.bias)
+        self.context_head: nn.Linear | None = None
+        self.reply_head: nn.Linear | None = None
 
     @property
     def dim(self) -> int:
         return int(self.body.config.hidden_size)
 
-    def pooled(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, T, H]
-        return mean_pool(hidden, attention_mask)  # [B, H]
-
-    def encode_context(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        pooled = self.pooled(input_ids, attention_mask)  # [B, H]
-        out = pooled if self.context_head is None else pooled + self.context_head(pooled)
-        return F.normalize(out, dim=-1)  # [B, H]
-
-    def encode_reply(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        pooled = self.pooled(input_ids, attention_mask)  # [B, H]
-        out = pooled if self.reply_head is None else pooled + self.reply_head(pooled)
-        return F.normalize(out, dim=-1)  # [B, H]
-
     def add_heads(self) -> None:
         """Residual linear heads, zero-initialised: training starts from the pretrained geometry."""
-        dim = self.dim
-        self.context_head = nn.Linear(dim, dim)
-        self.reply_head = nn.Linear(dim, dim)
+        self.context_head = nn.Linear(self.dim, self.dim)
+        self.reply_head = nn.Linear(self.dim, self.dim)
         for head in (self.context_head, self.reply_head):
             nn.init.zeros_(head.weight)
             nn.init.zeros_(head.bias)
 
+    def pooled(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, T, H]
+        return mean_pool(hidden, attention_mask)  # [B, H]
+
+    @staticmethod
+    def _project(pooled: torch.Tensor, head: nn.Linear | None) -> torch.Tensor:
+        # pooled: [B, H] -> unit [B, H]; serving scores with a plain inner product
+        return F.normalize(pooled if head is None else pooled + head(pooled), dim=-1)
+
+    def encode_context(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self._project(self.pooled(input_ids, attention_mask), self.context_head)  # [B, H]
+
+    def encode_reply(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self._project(self.pooled(input_ids, attention_mask), self.reply_head)  # [B, H]
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both outputs from one pass of the body: what the exported graph computes."""
         pooled = self.pooled(input_ids, attention_mask)  # [B, H]
-        context = pooled if self.context_head is None else pooled + self.context_head(pooled)
-        reply = pooled if self.reply_head is None else pooled + self.reply_head(pooled)
-        # Both [B, H], unit length: serving scores with a plain inner product.
-        return F.normalize(context, dim=-1), F.normalize(reply, dim=-1)
+        return self._project(pooled, self.context_head), self._project(pooled, self.reply_head)
 
 
 def load_pretrained(path: Path | None = None) -> DualEncoder:

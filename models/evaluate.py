@@ -84,17 +84,15 @@ def tfidf_metrics(data: EvalSet, path: Path | None = None) -> dict[str, float]:
     return metrics(rank)
 
 
-def bundle_metrics(bundle_dir: Path, data: EvalSet) -> dict[str, float]:
-    encoder = Encoder(bundle_dir, _manifest(bundle_dir))
+def bundle_metrics(encoder: Encoder, data: EvalSet) -> dict[str, float]:
     m = encoder.manifest
     context = encoder.encode(data.joined(m.turn_separator, m.max_context_turns), side="context")  # [N, D]
     reply = encoder.encode(data.replies, side="reply")  # [N, D]
     return metrics(ranks(context, reply, data.negatives))
 
 
-def latency(bundle_dir: Path, data: EvalSet) -> dict[str, float]:
+def latency(encoder: Encoder, data: EvalSet) -> dict[str, float]:
     """Context encoding only: p50 of single queries, and ms per text in batches of 64."""
-    encoder = Encoder(bundle_dir, _manifest(bundle_dir))
     m = encoder.manifest
     texts = data.joined(m.turn_separator, m.max_context_turns)
     for text in texts[:20]:
@@ -110,12 +108,6 @@ def latency(bundle_dir: Path, data: EvalSet) -> dict[str, float]:
         encoder.encode(batch[i : i + LATENCY_BATCH], side="context")
     per_text = (time.perf_counter() - started) * 1000 / len(batch)
     return {"single_p50_ms": round(float(np.median(single)), 2), "batched_ms_per_text": round(per_text, 2)}
-
-
-def _manifest(bundle_dir: Path) -> Any:
-    from app.engine.bundle import read_manifest
-
-    return read_manifest(bundle_dir)
 
 
 def record(bundle_dir: Path, figures: dict[str, float]) -> None:
@@ -149,7 +141,8 @@ def evaluate_all(bundles_root: Path, out: Path, n: int, seed: int, path: Path | 
     rows: list[dict[str, Any]] = [{"model": "TF-IDF, last turn", **tfidf_metrics(data, path)}]
     for bundle_dir, manifest in list_bundles(bundles_root):
         started = time.perf_counter()
-        figures = {**bundle_metrics(bundle_dir, data), **latency(bundle_dir, data), "examples": len(data.replies)}
+        encoder = Encoder(bundle_dir, manifest)
+        figures = {**bundle_metrics(encoder, data), **latency(encoder, data), "examples": len(data.replies)}
         record(bundle_dir, figures)
         rows.append(
             {

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import faiss
@@ -41,7 +41,6 @@ class Runtime:
     store: IndexStore
     serving: Serving | None = None
     problem: str | None = None  # why serving is None, for /readyz
-    started_at: float = field(default_factory=time.time)
 
     def current(self) -> Serving:
         serving = self.serving
