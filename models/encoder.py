@@ -47,6 +47,9 @@ class DualEncoder(nn.Module):
         self.body = body
         self.context_head: nn.Linear | None = None
         self.reply_head: nn.Linear | None = None
+        # A poly head (models/poly.py) over the context's token outputs; when
+        # set, forward() and the exported graph also return its m vectors.
+        self.poly_head: nn.Module | None = None
 
     @property
     def dim(self) -> int:
@@ -60,9 +63,11 @@ class DualEncoder(nn.Module):
             nn.init.zeros_(head.weight)
             nn.init.zeros_(head.bias)
 
+    def hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, T, H]
+
     def pooled(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, T, H]
-        return mean_pool(hidden, attention_mask)  # [B, H]
+        return mean_pool(self.hidden(input_ids, attention_mask), attention_mask)  # [B, H]
 
     @staticmethod
     def _project(pooled: torch.Tensor, head: nn.Linear | None) -> torch.Tensor:
@@ -75,10 +80,17 @@ class DualEncoder(nn.Module):
     def encode_reply(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self._project(self.pooled(input_ids, attention_mask), self.reply_head)  # [B, H]
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Both outputs from one pass of the body: what the exported graph computes."""
-        pooled = self.pooled(input_ids, attention_mask)  # [B, H]
-        return self._project(pooled, self.context_head), self._project(pooled, self.reply_head)
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Every output from one pass of the body: what the exported graph computes.
+
+        ([B, H] context, [B, H] reply), plus [B, m, H] poly vectors with a poly head.
+        """
+        hidden = self.hidden(input_ids, attention_mask)  # [B, T, H]
+        pooled = mean_pool(hidden, attention_mask)  # [B, H]
+        outputs = (self._project(pooled, self.context_head), self._project(pooled, self.reply_head))
+        if self.poly_head is not None:
+            outputs += (self.poly_head(hidden, attention_mask),)
+        return outputs
 
 
 def load_pretrained(path: Path | None = None) -> DualEncoder:

@@ -25,14 +25,17 @@ from tokenizers import Tokenizer
 from app.engine.bundle import (
     ENCODER_FILE,
     MANIFEST,
+    REACTIONS_FILE,
     TOKENIZER_FILE,
     BundleManifest,
+    PolySpec,
     Thresholds,
     combined_checksum,
     sha256_file,
 )
-from app.engine.encoder import OUTPUT_NAMES, Encoder
+from app.engine.encoder import OUTPUT_NAMES, POLY_OUTPUT, Encoder
 from models.encoder import DualEncoder, load_pretrained, minilm_path
+from models.reactions import ReactionModel
 
 ONNX_OPSET = 17
 # Dynamic int8 spreads a ~1% cosine error over all layers of MiniLM (no single
@@ -61,31 +64,37 @@ class ExportConfig:
     eval: dict[str, float] = field(default_factory=dict)
     servable: bool = True  # False: kept for evaluation, never picked by the service on its own
     training: dict[str, object] = field(default_factory=dict)
+    poly: PolySpec | None = None  # must describe model.poly_head when it has one
+    reactions: ReactionModel | None = None
 
 
-def _torch_vectors(model: DualEncoder, tokenizer: Tokenizer, texts: list[str]) -> np.ndarray:
+def _torch_outputs(model: DualEncoder, tokenizer: Tokenizer, texts: list[str]) -> list[np.ndarray]:
+    """[N, D] context vectors, then [N, m, D] poly vectors if the model has a poly head."""
     tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
     encodings = tokenizer.encode_batch(texts)
     ids = torch.tensor([e.ids for e in encodings])  # [N, T]
     mask = torch.tensor([e.attention_mask for e in encodings])  # [N, T]
     with torch.no_grad():
-        context, _ = model(ids, mask)  # [N, D]
-    return context.numpy()
+        outputs = model(ids, mask)
+    return [outputs[0].numpy()] + [o.numpy() for o in outputs[2:]]
 
 
 def _export_onnx(model: DualEncoder, path: Path) -> None:
     ids = torch.ones(2, 8, dtype=torch.long)  # [B, T] dummy; both axes are dynamic
     mask = torch.ones(2, 8, dtype=torch.long)
     mask[1, 5:] = 0  # a padded row, so no branch on "no padding" is traced in
+    outputs = [OUTPUT_NAMES["context"], OUTPUT_NAMES["reply"]]
+    if model.poly_head is not None:
+        outputs.append(POLY_OUTPUT)
     dynamic = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"}}
-    for name in OUTPUT_NAMES.values():
+    for name in outputs:
         dynamic[name] = {0: "batch"}
     torch.onnx.export(
         model,
         (ids, mask),
         str(path),
         input_names=["input_ids", "attention_mask"],
-        output_names=[OUTPUT_NAMES["context"], OUTPUT_NAMES["reply"]],
+        output_names=outputs,
         dynamic_axes=dynamic,
         opset_version=ONNX_OPSET,
         dynamo=False,
@@ -120,8 +129,12 @@ def export_bundle(model: DualEncoder, config: ExportConfig, bundles_root: Path, 
     staging = Path(tempfile.mkdtemp(prefix=f".{config.name}-", dir=bundles_root))
     try:
         fp32 = staging / "encoder.fp32.onnx"
+        if (model.poly_head is None) != (config.poly is None):
+            raise ValueError(f"{config.name}: model poly head and config.poly must come together")
         _export_onnx(model, fp32)
         shutil.copy(config.tokenizer_path, staging / TOKENIZER_FILE)
+        if config.reactions is not None:
+            config.reactions.save(staging / REACTIONS_FILE)
         if not config.quantize:
             fp32.rename(staging / ENCODER_FILE)
             manifest = _manifest(model, config, staging, "none")
@@ -159,7 +172,8 @@ def export_bundle(model: DualEncoder, config: ExportConfig, bundles_root: Path, 
 
 
 def _manifest(model: DualEncoder, config: ExportConfig, staging: Path, quantization: str) -> BundleManifest:
-    files = {name: sha256_file(staging / name) for name in (ENCODER_FILE, TOKENIZER_FILE)}
+    names = [ENCODER_FILE, TOKENIZER_FILE] + ([REACTIONS_FILE] if config.reactions is not None else [])
+    files = {name: sha256_file(staging / name) for name in names}
     return BundleManifest(
         name=config.name,
         model_id=config.model_id,
@@ -174,6 +188,8 @@ def _manifest(model: DualEncoder, config: ExportConfig, staging: Path, quantizat
         files=files,
         checksum=combined_checksum(files),
         thresholds=config.thresholds,
+        poly=config.poly,
+        reactions=config.reactions.spec if config.reactions is not None else None,
         eval=dict(config.eval),
         servable=config.servable,
         training=dict(config.training),
@@ -184,13 +200,22 @@ def _manifest(model: DualEncoder, config: ExportConfig, staging: Path, quantizat
 def check_parity(
     model: DualEncoder, bundle_dir: Path, manifest: BundleManifest, texts: list[str], min_cosine: float
 ) -> dict[str, float]:
-    """Cosine between the served ONNX path (tokenizers + onnxruntime) and torch fp32."""
-    served = Encoder(bundle_dir, manifest).encode(texts, side="context")  # [N, D]
+    """Cosine between the served ONNX path (tokenizers + onnxruntime) and torch fp32.
+
+    The gate is on the context vector; the poly vectors' agreement is
+    recorded beside it (their effect is measured where it matters, as the
+    int8 bundle's rerank R@1 in `make eval`)."""
+    encoder = Encoder(bundle_dir, manifest)
+    served = encoder.encode_with_poly(texts) if encoder.has_poly else (encoder.encode(texts, side="context"),)
     tokenizer = Tokenizer.from_file(str(bundle_dir / TOKENIZER_FILE))
     tokenizer.enable_truncation(max_length=manifest.max_context_tokens, direction="left")
-    reference = _torch_vectors(model, tokenizer, texts)  # [N, D]
-    cosines = (served * reference).sum(axis=1)  # [N]; both sides are unit vectors
+    reference = _torch_outputs(model, tokenizer, texts)  # [N, D], then [N, m, D]
+    cosines = (served[0] * reference[0]).sum(axis=1)  # [N]; both sides are unit vectors
     result = {"mean_cosine": round(float(cosines.mean()), 5), "min_cosine": round(float(cosines.min()), 5)}
+    if len(served) > 1:
+        a, b = served[1].reshape(len(texts), -1), reference[1].reshape(len(texts), -1)  # [N, m*D]
+        poly = (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))  # [N]
+        result["poly_mean_cosine"] = round(float(poly.mean()), 5)
     result["samples"] = len(texts)
     if cosines.mean() < min_cosine or cosines.min() < MIN_SINGLE_COSINE:
         worst = texts[int(cosines.argmin())]

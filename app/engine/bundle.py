@@ -15,6 +15,7 @@ from typing import Any
 MANIFEST = "manifest.json"
 ENCODER_FILE = "encoder.onnx"
 TOKENIZER_FILE = "tokenizer.json"
+REACTIONS_FILE = "reactions.npz"
 FORMAT_VERSION = 1
 
 
@@ -27,10 +28,28 @@ class Thresholds:
     # do for a living?" -> "What kind of work do you do?"), while a stored
     # query at 0.7-0.8 ("what do you do for work?") still carries a real answer.
     query_similarity: float = 0.7
-    # Reply-matching score above which its top reply is served rather than a
-    # reaction; 0 (-1 would also do) keeps every reply-matching answer until a
-    # reaction classifier exists.
-    reply_matching: float = 0.0
+    # Reply-matching score (after rerank, when there is one) above which its
+    # top reply is served rather than a reaction. -1 accepts every answer:
+    # the default for a bundle with no reaction classifier to fall back to.
+    reply_matching: float = -1.0
+
+
+@dataclass
+class PolySpec:
+    """A poly-encoder head: the context graph also outputs `codes` vectors."""
+
+    codes: int  # m
+    # Reranked score = (1 - weight) * bi-encoder cosine + weight * poly cosine:
+    # both are cosines, so thresholds stay on one scale with or without rerank.
+    weight: float
+
+
+@dataclass
+class ReactionSpec:
+    """A linear classifier over the context vector; weights in REACTIONS_FILE."""
+
+    labels: list[str]  # the text served for each class
+    coverage: float  # share of train replies that fall in one of these classes
 
 
 @dataclass
@@ -48,6 +67,10 @@ class BundleManifest:
     files: dict[str, str]  # file name -> sha256
     checksum: str  # sha256 over `files`, what index versions and cache keys pin
     thresholds: Thresholds = field(default_factory=Thresholds)
+    poly: PolySpec | None = None
+    reactions: ReactionSpec | None = None
+    # How the thresholds were fitted: objective, data, figures at the optimum.
+    calibration: dict[str, object] = field(default_factory=dict)
     parity: dict[str, float] = field(default_factory=dict)
     eval: dict[str, float] = field(default_factory=dict)  # released figures, e.g. {"r_at_1": 0.39}
     # False for bundles kept only for evaluation (fp32 copies, the teacher):
@@ -61,6 +84,10 @@ class BundleManifest:
     def from_dict(cls, raw: dict[str, Any]) -> BundleManifest:
         raw = dict(raw)
         raw["thresholds"] = Thresholds(**raw.get("thresholds", {}))
+        if raw.get("poly") is not None:
+            raw["poly"] = PolySpec(**raw["poly"])
+        if raw.get("reactions") is not None:
+            raw["reactions"] = ReactionSpec(**raw["reactions"])
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in raw.items() if k in known})
 

@@ -19,6 +19,8 @@ from app.engine.bundle import ENCODER_FILE, TOKENIZER_FILE, BundleManifest
 Side = Literal["context", "reply"]
 
 OUTPUT_NAMES: dict[Side, str] = {"context": "context_embedding", "reply": "reply_embedding"}
+# Present when the bundle has a poly head: [B, m, D], the m context vectors.
+POLY_OUTPUT = "poly_vectors"
 
 
 def _tokenizer(path: Path, max_tokens: int, truncate_from: Literal["left", "right"]) -> Tokenizer:
@@ -69,6 +71,7 @@ class Encoder:
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         self.session = ort.InferenceSession(str(bundle_dir / ENCODER_FILE), options, providers=["CPUExecutionProvider"])
+        self.has_poly = POLY_OUTPUT in {o.name for o in self.session.get_outputs()}
         tokenizer_path = bundle_dir / TOKENIZER_FILE
         self._tokenizers: dict[Side, Tokenizer] = {
             # A context keeps its most recent turns, so it loses tokens on the left.
@@ -85,19 +88,30 @@ class Encoder:
         return self.manifest.turn_separator.join(turns[-self.manifest.max_context_turns :])
 
     def _run(self, texts: Sequence[str], side: Side, outputs: list[str], max_batch: int) -> list[np.ndarray]:
-        """Each requested output as [N, D] float32, rows in input order."""
+        """Each requested output as float32 with N rows in input order: [N, D] or [N, m, D]."""
+        if not texts:
+            return [np.empty((0, self.dim), dtype=np.float32) for _ in outputs]
         token_ids = [e.ids for e in self._tokenizers[side].encode_batch(list(texts))]
-        results = [np.empty((len(texts), self.dim), dtype=np.float32) for _ in outputs]  # [N, D] each
+        results: list[np.ndarray] = []
         for rows in _batches([len(t) for t in token_ids], max_batch):
             ids, mask = _pad([token_ids[i] for i in rows])
-            vectors = self.session.run(outputs, {"input_ids": ids, "attention_mask": mask})  # [B, D] each
-            for result, batch in zip(results, vectors, strict=True):
+            arrays = self.session.run(outputs, {"input_ids": ids, "attention_mask": mask})  # [B, ...] each
+            if not results:
+                results = [np.empty((len(texts), *a.shape[1:]), dtype=np.float32) for a in arrays]
+            for result, batch in zip(results, arrays, strict=True):
                 result[rows] = batch
         return results
 
     def encode(self, texts: Sequence[str], side: Side, max_batch: int = 64) -> np.ndarray:
         """Returns [len(texts), dim] float32, unit rows."""
         return self._run(texts, side, [OUTPUT_NAMES[side]], max_batch)[0]
+
+    def encode_with_poly(self, texts: Sequence[str], max_batch: int = 64) -> tuple[np.ndarray, np.ndarray]:
+        """Contexts in one pass: ([N, D] context vectors, [N, m, D] poly vectors). Needs a poly head."""
+        if not self.has_poly:
+            raise ValueError(f"bundle {self.manifest.name} has no poly head")
+        context, poly = self._run(texts, "context", [OUTPUT_NAMES["context"], POLY_OUTPUT], max_batch)
+        return context, poly
 
     def encode_both(self, texts: Sequence[str], max_batch: int = 64) -> tuple[np.ndarray, np.ndarray]:
         """One pass, both heads: ([N, D] context vectors, [N, D] reply vectors).
