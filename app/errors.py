@@ -17,7 +17,7 @@ from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.engine.compute import Overloaded
-from app.engine.pipeline import NoCandidates
+from app.engine.pipeline import NoCandidates, Unsupported
 from app.engine.reindex import Busy
 from app.engine.runtime import NotReady
 from app.uploads import UploadError
@@ -124,6 +124,10 @@ def install(app: FastAPI) -> None:
     async def engine_error(_: Request, exc: Exception) -> JSONResponse:
         return error_response(ApiError(_ENGINE_KINDS[type(exc)], str(exc)))
 
+    async def unsupported(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, Unsupported)
+        return error_response(ApiError(ErrorKind.validation, str(exc), exc.field))
+
     async def upload_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, UploadError)
         kind = ErrorKind.payload_too_large if exc.too_large else ErrorKind.validation
@@ -142,6 +146,7 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, http_error)
     for engine_exception in _ENGINE_KINDS:
         app.add_exception_handler(engine_exception, engine_error)
+    app.add_exception_handler(Unsupported, unsupported)
     app.add_exception_handler(UploadError, upload_error)
     app.add_exception_handler(RedisError, redis_error)
     app.add_exception_handler(Exception, unexpected)

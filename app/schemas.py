@@ -13,6 +13,7 @@ MAX_TURN_CHARS = 1000  # about 250 tokens, past the encoder's context window any
 MAX_K = 50
 MAX_PAIRS = 64  # one encoder batch
 MAX_SESSION_ID_CHARS = 128
+Cosine = Annotated[float, Field(ge=-1.0, le=1.0)]  # every threshold is on a cosine scale
 
 Source = Strategy  # which strategy answered
 Turn = Annotated[str, StringConstraints(min_length=1, max_length=MAX_TURN_CHARS)]
@@ -32,6 +33,18 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class ThresholdOverrides(Strict):
+    query_similarity: Cosine | None = Field(
+        default=None, description="Serve the reply of the nearest stored query at or above this cosine."
+    )
+    reply_matching: Cosine | None = Field(
+        default=None, description="Serve the best matched reply at or above this score, else fall back to a reaction."
+    )
+
+    def given(self) -> dict[str, float]:
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
 class ReplyRequest(Strict):
     context: list[Turn] | None = Field(
         default=None, min_length=1, max_length=MAX_TURNS, description="The conversation so far, oldest first."
@@ -40,7 +53,13 @@ class ReplyRequest(Strict):
     message: Turn | None = Field(default=None, description="The new user message, with session_id.")
     k: int | None = Field(default=None, ge=1, le=MAX_K, description="How many candidates to return.")
     strategies: list[Strategy] | None = Field(
-        default=None, min_length=1, max_length=2, description="Strategies allowed, tried in the fixed order."
+        default=None, min_length=1, max_length=3, description="Strategies allowed, tried in the fixed order."
+    )
+    rerank: bool | None = Field(
+        default=None, description="Rerank reply matching with the poly head; on by default when the model has one."
+    )
+    thresholds: ThresholdOverrides | None = Field(
+        default=None, description="Override the model's calibrated thresholds for this request."
     )
 
     @field_validator("context")
@@ -75,6 +94,7 @@ class ReplyResponse(BaseModel):
     id: str
     source: Source
     score: float
+    reranked: bool  # whether the poly head reordered the reply-matching candidates
     candidates: list[Candidate]
     index_version: str
     session_id: str | None = None

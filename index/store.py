@@ -63,6 +63,8 @@ class IndexVersion:
     reply_texts: list[str]  # [R]
     query_texts: list[str]  # [Q]
     query_reply_rows: np.ndarray  # [Q] int64: query row -> reply row it was paired with
+    # [R, D] float32, memory-mapped: the rerank step reads only its top-k rows.
+    reply_vectors: np.ndarray
 
     @property
     def version(self) -> str:
@@ -157,4 +159,5 @@ class IndexStore:
             reply_texts=candidates["reply_texts"],
             query_texts=candidates["query_texts"],
             query_reply_rows=np.asarray(candidates["query_reply_rows"], dtype=np.int64),
+            reply_vectors=np.load(directory / "reply_vectors.npy", mmap_mode="r"),
         )

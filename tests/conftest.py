@@ -9,17 +9,21 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 import redis
+import torch
 
 from app.config import Settings
-from app.engine.bundle import TOKENIZER_FILE, read_manifest
+from app.engine.bundle import TOKENIZER_FILE, PolySpec, ReactionSpec, read_manifest
 from app.engine.encoder import Encoder
 from app.main import create_app
 from index.build import Candidate, build_version
 from index.store import IndexStore
 from models.encoder import DualEncoder, minilm_path, tiny_body
 from models.export import ExportConfig, export_bundle
+from models.poly import PolyHead
+from models.reactions import ReactionModel
 
 REDIS_URL = "redis://127.0.0.1:6379/15"  # a database of its own, flushed by the tests
 
@@ -64,6 +68,44 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
         min_parity_cosine=0.95,
     )
     bundle_dir = export_bundle(DualEncoder(tiny_body(vocab_size=30522)), config, root / "bundles", TINY_PARITY_TEXTS)
+    bundle = read_manifest(bundle_dir)
+    store = IndexStore(root / "indexes")
+    manifest = build_version(
+        tiny_candidates(), Encoder(bundle_dir, bundle), bundle.checksum, store, "tests", progress=False
+    )
+    store.set_current(manifest.version)
+    return root
+
+
+REACTION_LABELS = ["lol", "oh no", "nice", "good night"]
+
+
+@pytest.fixture(scope="session")
+def poly_artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """artifacts/ with a tiny bundle that has a poly head and a reaction classifier."""
+    root = tmp_path_factory.mktemp("poly-artifacts")
+    model = DualEncoder(tiny_body(vocab_size=30522, seed=1))
+    head = PolyHead(model.dim, codes=4)
+    with torch.no_grad():
+        head.mix.fill_(0.0)  # weight 0.5: the poly score moves the order visibly
+        head.codes.normal_(0, 1)  # peaked attention, so the m vectors differ
+    model.poly_head = head
+    rng = np.random.default_rng(0)
+    reactions = ReactionModel(
+        ReactionSpec(labels=REACTION_LABELS, coverage=0.04),
+        rng.normal(size=(len(REACTION_LABELS), model.dim)).astype(np.float32),
+        np.zeros(len(REACTION_LABELS), dtype=np.float32),
+    )
+    config = ExportConfig(
+        name="tiny-poly-fp32",
+        model_id="tiny-random-bert + poly",
+        kind="tiny",
+        tokenizer_path=minilm_path() / TOKENIZER_FILE,
+        quantize=False,  # fp32: the rerank order under test is the graph's, not quantisation noise
+        poly=PolySpec(codes=4, weight=0.5),
+        reactions=reactions,
+    )
+    bundle_dir = export_bundle(model, config, root / "bundles", TINY_PARITY_TEXTS)
     bundle = read_manifest(bundle_dir)
     store = IndexStore(root / "indexes")
     manifest = build_version(

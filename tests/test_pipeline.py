@@ -9,11 +9,13 @@ import pytest
 
 from app.config import Settings
 from app.engine import pipeline
+from app.engine.pipeline import ReplyOptions
+from app.engine.retriever import Strategy
 from app.engine.runtime import Runtime, build_runtime
 
 pytestmark = pytest.mark.anyio
 
-BOTH = ["query_similarity", "reply_matching"]
+BOTH: list[Strategy] = ["query_similarity", "reply_matching"]
 
 
 @pytest.fixture
@@ -31,7 +33,7 @@ def with_query_threshold(runtime: Runtime, threshold: float) -> Runtime:
 
 
 async def test_confident_query_similarity_answers_without_encoding_the_context(runtime: Runtime) -> None:
-    outcome = await pipeline.reply(runtime, ["do you like dogs?", "my cat is sick"], 3, BOTH, set())  # type: ignore[arg-type]
+    outcome = await pipeline.reply(runtime, ["do you like dogs?", "my cat is sick"], ReplyOptions(3, BOTH), set())
     assert outcome.answer.best.source == "query_similarity"
     assert outcome.answer.best.text == "oh no, i hope she gets better soon"
     assert runtime.cache.misses == 1  # the last turn only; the joined context was never needed
@@ -39,18 +41,18 @@ async def test_confident_query_similarity_answers_without_encoding_the_context(r
 
 async def test_unsure_query_similarity_falls_through_to_reply_matching(runtime: Runtime) -> None:
     with_query_threshold(runtime, 1.01)  # above any cosine
-    outcome = await pipeline.reply(runtime, ["my cat is sick"], 3, BOTH, set())  # type: ignore[arg-type]
+    outcome = await pipeline.reply(runtime, ["my cat is sick"], ReplyOptions(3, BOTH), set())
     assert outcome.answer.best.source == "reply_matching"
     assert all(c.source == "reply_matching" for c in outcome.answer.candidates)
 
 
 async def test_when_no_strategy_is_confident_the_last_one_tried_answers(runtime: Runtime) -> None:
     with_query_threshold(runtime, 1.01)
-    outcome = await pipeline.reply(runtime, ["my cat is sick"], 3, ["query_similarity"], set())  # type: ignore[list-item]
+    outcome = await pipeline.reply(runtime, ["my cat is sick"], ReplyOptions(3, ["query_similarity"]), set())
     assert outcome.answer.best.source == "query_similarity"
 
 
 async def test_excluded_replies_are_never_returned(runtime: Runtime) -> None:
     banned = "oh no, i hope she gets better soon"
-    outcome = await pipeline.reply(runtime, ["my cat is sick"], 50, BOTH, {banned})  # type: ignore[arg-type]
+    outcome = await pipeline.reply(runtime, ["my cat is sick"], ReplyOptions(50, BOTH), {banned})
     assert banned not in [c.text for c in outcome.answer.candidates]

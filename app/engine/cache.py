@@ -11,7 +11,6 @@ from collections import OrderedDict
 
 import numpy as np
 
-from app.engine.encoder import Side
 from app.engine.kv import Guarded
 from app.engine.text import normalize
 
@@ -26,9 +25,10 @@ class EmbeddingCache:
         self.misses = 0
 
     @staticmethod
-    def key(model_checksum: str, side: Side, text: str) -> str:
+    def key(model_checksum: str, kind: str, text: str) -> str:
+        """kind: what the vector is ("context", "reply", "poly"): one text has several."""
         digest = hashlib.blake2b(normalize(text).encode(), digest_size=16).hexdigest()
-        return f"emb:{model_checksum[:16]}:{side}:{digest}"
+        return f"emb:{model_checksum[:16]}:{kind}:{digest}"
 
     async def get_many(self, keys: list[str], dim: int) -> list[np.ndarray | None]:
         """Each hit is a [dim] float32 vector."""

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from app.engine import retriever
+from app.engine.bundle import Thresholds
 from app.engine.encoder import Side
 from app.engine.retriever import Answer, Serving, Strategy
 from app.engine.runtime import Runtime
@@ -33,58 +34,104 @@ async def embed(runtime: Runtime, serving: Serving, texts: Sequence[str], side: 
     return np.stack([v for v in found if v is not None])  # [N, D]
 
 
+async def embed_context(
+    runtime: Runtime, serving: Serving, text: str, with_poly: bool
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """A context's [D] vector and, with_poly, its [m, D] poly vectors; cached like `embed`."""
+    if not with_poly or serving.bundle.poly is None:
+        return (await embed(runtime, serving, [text], "context"))[0], None
+    m, dim = serving.bundle.poly.codes, serving.encoder.dim
+    context_key = runtime.cache.key(serving.bundle.checksum, "context", text)
+    poly_key = runtime.cache.key(serving.bundle.checksum, "poly", text)
+    (vector,) = await runtime.cache.get_many([context_key], dim)
+    (poly,) = await runtime.cache.get_many([poly_key], m * dim)
+    if vector is not None and poly is not None:
+        return vector, poly.reshape(m, dim)
+    vectors, polys = await runtime.pool.run(serving.encoder.encode_with_poly, [text])  # [1, D], [1, m, D]
+    await runtime.cache.put_many({context_key: vectors[0], poly_key: polys[0].reshape(-1)})
+    return vectors[0], polys[0]
+
+
+class Unsupported(Exception):
+    """The request asks for something the serving bundle lacks."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True)
+class ReplyOptions:
+    k: int
+    strategies: Sequence[Strategy]
+    rerank: bool | None = None  # None: rerank when the bundle has a poly head
+    thresholds: dict[str, float] | None = None  # per-request overrides of the bundle's thresholds
+    rerank_depth: int = 50  # FAISS hits the poly head rescores
+
+
 @dataclass(frozen=True)
 class ReplyOutcome:
     answer: Answer
     index_version: str
+    reranked: bool
 
 
-async def reply(
-    runtime: Runtime,
-    turns: Sequence[str],
-    k: int,
-    strategies: Sequence[Strategy],
-    exclude: set[str],
-) -> ReplyOutcome:
+def _thresholds(bundle: Thresholds, overrides: dict[str, float] | None) -> Thresholds:
+    return replace(bundle, **overrides) if overrides else bundle
+
+
+async def reply(runtime: Runtime, turns: Sequence[str], options: ReplyOptions, exclude: set[str]) -> ReplyOutcome:
     """Walks the strategies in the fixed order; the first whose top score
-    clears its threshold answers. If none does, the last one that found
-    anything answers anyway: a low-confidence reply beats no reply until a
-    reaction fallback exists.
+    clears its threshold answers, and a reaction always clears. If none
+    does, the last one that found anything answers anyway: a low-confidence
+    reply beats no reply.
 
     Each strategy encodes only what it needs, when it is reached: a turn that
     query similarity answers never pays for encoding the whole context.
     """
     serving = runtime.current()  # this request's snapshot, start to end
-    thresholds = serving.bundle.thresholds
+    rerank = serving.reranker is not None if options.rerank is None else options.rerank
+    if rerank and serving.reranker is None:
+        raise Unsupported("rerank", f"bundle {serving.bundle.name} has no poly head to rerank with")
+    if list(options.strategies) == ["reaction"] and serving.reactions is None:
+        raise Unsupported("strategies", f"bundle {serving.bundle.name} has no reaction classifier")
+    thresholds = _thresholds(serving.bundle.thresholds, options.thresholds)
+    context: tuple[np.ndarray, np.ndarray | None] | None = None  # encoded once, when first needed
     tried: list[retriever.Scored] = []
-    for strategy in (s for s in retriever.STRATEGY_ORDER if s in strategies):
+    for strategy in (s for s in retriever.STRATEGY_ORDER if s in options.strategies):
         if strategy == "query_similarity":
             vector = (await embed(runtime, serving, [turns[-1]], "context"))[0]  # [D]
-            hits = await runtime.pool.run(retriever.query_similarity, serving, vector, k, exclude)
+            hits = await runtime.pool.run(retriever.query_similarity, serving, vector, options.k, exclude)
             threshold = thresholds.query_similarity
         else:
-            context = serving.encoder.join_context(turns)
-            vector = (await embed(runtime, serving, [context], "context"))[0]  # [D]
-            hits = await runtime.pool.run(retriever.reply_matching, serving, vector, k, exclude)
-            threshold = thresholds.reply_matching
+            if context is None:
+                context = await embed_context(runtime, serving, serving.encoder.join_context(turns), rerank)
+            vector, poly = context  # [D], [m, D] or None
+            if strategy == "reply_matching":
+                hits = await runtime.pool.run(
+                    retriever.reply_matching, serving, vector, options.k, exclude, poly, options.rerank_depth
+                )
+                threshold = thresholds.reply_matching
+            else:
+                hits = await runtime.pool.run(retriever.reaction, serving, vector, options.k, exclude)
+                threshold = float("-inf")  # the last resort takes whatever reaches it
         if hits:
             tried = hits
             if hits[0].score >= threshold:
                 break
     if not tried:
         raise NoCandidates("every candidate was excluded")
-    return ReplyOutcome(Answer(tried[0], tried), serving.index_version)
+    reranked = rerank and tried[0].source == "reply_matching"
+    return ReplyOutcome(Answer(tried[0], tried), serving.index_version, reranked)
 
 
-async def session_reply(
-    runtime: Runtime, session_id: str, message: str, k: int, strategies: Sequence[Strategy]
-) -> ReplyOutcome:
+async def session_reply(runtime: Runtime, session_id: str, message: str, options: ReplyOptions) -> ReplyOutcome:
     """Context from the session store; the bot's own recent replies are excluded."""
     history = await runtime.sessions.history(session_id)
     no_repeat = runtime.settings.session_no_repeat
     recent_bot = [t.text for t in history if t.role == "bot"][-no_repeat:] if no_repeat else []
     turns = [t.text for t in history] + [message]
-    outcome = await reply(runtime, turns, k, strategies, {normalize(t) for t in recent_bot})
+    outcome = await reply(runtime, turns, options, {normalize(t) for t in recent_bot})
     await runtime.sessions.append(
         session_id, SessionTurn("user", message), SessionTurn("bot", outcome.answer.best.text)
     )

@@ -13,12 +13,15 @@ import numpy as np
 
 from app.engine.bundle import BundleManifest
 from app.engine.encoder import Encoder
+from app.engine.reactions import ReactionClassifier
+from app.engine.reranker import PolyReranker
 from app.engine.text import normalize
 from index.store import IndexVersion
 
-Strategy = Literal["query_similarity", "reply_matching"]
+Strategy = Literal["query_similarity", "reply_matching", "reaction"]
 
-STRATEGY_ORDER: tuple[Strategy, ...] = ("query_similarity", "reply_matching")
+# Quality falls and coverage rises along this order (DESIGN.md).
+STRATEGY_ORDER: tuple[Strategy, ...] = ("query_similarity", "reply_matching", "reaction")
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,8 @@ class Serving:
     bundle_dir: Path
     encoder: Encoder
     index: IndexVersion
+    reranker: PolyReranker | None = None  # the bundle's poly head, if it has one
+    reactions: ReactionClassifier | None = None  # the bundle's reaction classifier, if it has one
 
     @property
     def index_version(self) -> str:
@@ -37,7 +42,7 @@ class Serving:
 
 @dataclass(frozen=True)
 class Scored:
-    reply_row: int
+    reply_row: int  # -1 for a reaction, which is not an index row
     id: str
     text: str
     score: float
@@ -80,15 +85,46 @@ def query_similarity(serving: Serving, query_vector: np.ndarray, k: int, exclude
     return _distinct(hits, k, exclude)
 
 
-def reply_matching(serving: Serving, context_vector: np.ndarray, k: int, exclude: set[str]) -> list[Scored]:
-    """Stored replies scored directly against the whole context."""
+def reply_matching(
+    serving: Serving,
+    context_vector: np.ndarray,
+    k: int,
+    exclude: set[str],
+    poly_vectors: np.ndarray | None = None,
+    rerank_depth: int = 50,
+) -> list[Scored]:
+    """Stored replies scored directly against the whole context.
+
+    context_vector: [D]. With poly_vectors ([m, D]) the FAISS top
+    `rerank_depth` are rescored by the poly head before the top k are taken.
+    """
     index = serving.index
-    scores, rows = _search(index.reply_index, context_vector, k + len(exclude))
+    depth = max(k, rerank_depth) if poly_vectors is not None else k
+    scores, rows = _search(index.reply_index, context_vector, depth + len(exclude))
+    if poly_vectors is not None and len(rows):
+        if serving.reranker is None:
+            raise ValueError("poly vectors given but the bundle has no poly head")
+        replies = np.asarray(index.reply_vectors[rows])  # [K, D]
+        scores = serving.reranker.rescore(poly_vectors, scores, replies)  # [K]
+        order = np.argsort(-scores, kind="stable")
+        scores, rows = scores[order], rows[order]
     hits = [
         Scored(row, index.reply_ids[row], index.reply_texts[row], score, "reply_matching")
         for score, row in zip(scores.tolist(), rows.tolist(), strict=True)
     ]
     return _distinct(hits, k, exclude)
+
+
+def reaction(serving: Serving, context_vector: np.ndarray, k: int, exclude: set[str]) -> list[Scored]:
+    """The reaction classes likeliest after this context; score is the class probability."""
+    if serving.reactions is None:
+        return []
+    classifier = serving.reactions
+    hits = [
+        Scored(-1, f"reaction:{c}", classifier.labels[c], p, "reaction")
+        for c, p in classifier.top(context_vector, k + len(exclude))
+    ]
+    return [h for h in hits if normalize(h.text) not in exclude][:k]
 
 
 @dataclass(frozen=True)

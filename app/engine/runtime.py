@@ -20,6 +20,8 @@ from app.engine.cache import EmbeddingCache
 from app.engine.compute import ComputePool
 from app.engine.encoder import Encoder
 from app.engine.kv import Guarded, open_store
+from app.engine.reactions import ReactionClassifier
+from app.engine.reranker import PolyReranker
 from app.engine.retriever import Serving
 from app.engine.sessions import SessionStore
 from index.store import IndexStore
@@ -78,8 +80,12 @@ def load_serving(settings: Settings, store: IndexStore) -> Serving:
     started = time.perf_counter()
     encoder = Encoder(bundle_dir, bundle, intra_op_threads=settings.ort_intra_op_threads)
     index = store.load(version)
+    if bundle.poly is not None and not encoder.has_poly:
+        raise ValueError(f"bundle {bundle.name}: the manifest names a poly head the encoder graph lacks")
+    reranker = PolyReranker(bundle.poly) if bundle.poly is not None else None
+    reactions = ReactionClassifier.load(bundle_dir, bundle.reactions) if bundle.reactions is not None else None
     log.info("serving bundle %s with index %s (loaded in %.1fs)", bundle.name, version, time.perf_counter() - started)
-    return Serving(bundle=bundle, bundle_dir=bundle_dir, encoder=encoder, index=index)
+    return Serving(bundle, bundle_dir, encoder, index, reranker, reactions)
 
 
 def build_runtime(settings: Settings) -> Runtime:

@@ -3,6 +3,8 @@ first, routes traffic on the second, and people read the third."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
@@ -46,10 +48,10 @@ async def info(runtime: RuntimeDep) -> Info:
             "layers": bundle.num_layers,
             "quantization": bundle.quantization,
             "max_context_turns": bundle.max_context_turns,
-            "thresholds": {
-                "query_similarity": bundle.thresholds.query_similarity,
-                "reply_matching": bundle.thresholds.reply_matching,
-            },
+            "thresholds": asdict(bundle.thresholds),
+            "calibration": bundle.calibration,
+            "poly_codes": bundle.poly.codes if bundle.poly else None,
+            "reactions": len(bundle.reactions.labels) if bundle.reactions else None,
             "eval": bundle.eval,
         },
         index={

@@ -18,25 +18,31 @@ def _candidate(hit: Scored) -> Candidate:
 @router.post("/reply", response_model=ReplyResponse, response_model_exclude_none=True)
 async def reply(body: ReplyRequest, runtime: RuntimeDep) -> ReplyResponse:
     """The best next reply for a conversation: pass `context`, or `session_id` + `message`."""
-    k = body.k or runtime.settings.default_k
-    strategies = body.strategies or list(STRATEGY_ORDER)
+    options = pipeline.ReplyOptions(
+        k=body.k or runtime.settings.default_k,
+        strategies=body.strategies or list(STRATEGY_ORDER),
+        rerank=body.rerank,
+        thresholds=body.thresholds.given() if body.thresholds else None,
+        rerank_depth=runtime.settings.rerank_depth,
+    )
     if body.context is not None:
         if body.session_id is not None or body.message is not None:
             raise ApiError(ErrorKind.validation, "give either context, or session_id with message, not both", "context")
-        outcome = await pipeline.reply(runtime, body.context, k, strategies, exclude=set())
+        outcome = await pipeline.reply(runtime, body.context, options, exclude=set())
     elif body.session_id is None or body.message is None:
         missing = "message" if body.session_id is not None else "session_id" if body.message is not None else "context"
         raise ApiError(
             ErrorKind.validation, f"{missing} is required (send context, or session_id with message)", missing
         )
     else:
-        outcome = await pipeline.session_reply(runtime, body.session_id, body.message, k, strategies)
+        outcome = await pipeline.session_reply(runtime, body.session_id, body.message, options)
     best = outcome.answer.best
     return ReplyResponse(
         reply=best.text,
         id=best.id,
         source=best.source,
         score=round(best.score, 6),
+        reranked=outcome.reranked,
         candidates=[_candidate(h) for h in outcome.answer.candidates],
         index_version=outcome.index_version,
         session_id=body.session_id,

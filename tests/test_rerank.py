@@ -1,0 +1,146 @@
+"""Poly rerank, the reaction fallback and per-request thresholds, on a tiny bundle that has both."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from app.config import Settings
+from app.engine.bundle import PolySpec
+from app.engine.reranker import PolyReranker
+from app.engine.runtime import build_runtime
+from app.main import create_app
+from models import poly
+from models.poly import reranked_ranks
+from tests.conftest import REACTION_LABELS
+
+pytestmark = pytest.mark.anyio
+
+
+def test_numpy_rerank_computes_what_the_torch_head_trained() -> None:
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(4, 8)).astype(np.float32)  # [m, D]
+    replies = rng.normal(size=(6, 8)).astype(np.float32)  # [K, D]
+    replies /= np.linalg.norm(replies, axis=1, keepdims=True)
+    bi = rng.uniform(-1, 1, size=6).astype(np.float32)  # [K]
+    head = poly.PolyHead(8, 4)
+    with torch.no_grad():
+        head.mix.fill_(0.3)
+        expected = poly.rescore(
+            head, torch.from_numpy(bi)[None], torch.from_numpy(vectors)[None], torch.from_numpy(replies)[None]
+        )[0]  # [K]
+    served = PolyReranker(PolySpec(codes=4, weight=float(head.weight.detach()))).rescore(vectors, bi, replies)
+    np.testing.assert_allclose(served, expected.numpy(), atol=1e-5)
+
+
+def test_reranked_rank_only_reorders_the_top_depth() -> None:
+    bi = np.array([[0.5, 0.9, 0.8, 0.1], [0.2, 0.9, 0.8, 0.7]])  # true reply is column 0
+    final = np.array([[0.99, 0.1, 0.1, 0.1], [0.99, 0.1, 0.1, 0.1]])
+    # Row 0: bi rank 3, inside depth 3, rerank lifts it to 1. Row 1: bi rank 4, outside, stays 4.
+    assert reranked_ranks(bi, bi, depth=3).tolist() == [3, 4]
+    assert reranked_ranks(bi, final, depth=3).tolist() == [1, 4]
+
+
+@asynccontextmanager
+async def poly_client(artifacts: Path) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(Settings(artifacts_dir=artifacts, rerank_depth=20))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            yield client
+
+
+async def test_rerank_orders_the_faiss_top_k_by_the_poly_score(poly_artifacts: Path) -> None:
+    context = ["have you seen any good movies lately?", "my cat is sick"]
+    runtime = build_runtime(Settings(artifacts_dir=poly_artifacts))
+    serving = runtime.current()
+    vector, poly_vectors = serving.encoder.encode_with_poly(
+        [serving.encoder.join_context(context)]
+    )  # [1, D], [1, m, D]
+    scores, rows = serving.index.reply_index.search(vector, 20)  # exact search on a tiny index
+    expected_scores = serving.reranker.rescore(poly_vectors[0], scores[0], serving.index.reply_vectors[rows[0]])
+    expected = [serving.index.reply_texts[r] for r in rows[0][np.argsort(-expected_scores, kind="stable")]]
+    faiss_order = [serving.index.reply_texts[r] for r in rows[0]]
+    assert expected != faiss_order  # the head does move things, or this test would prove nothing
+
+    body = {"context": context, "strategies": ["reply_matching"], "k": 10}
+    async with poly_client(poly_artifacts) as client:
+        reranked = (await client.post("/reply", json=body)).json()
+        plain = (await client.post("/reply", json={**body, "rerank": False})).json()
+    assert reranked["reranked"] is True  # on by default: the bundle has a poly head
+    assert [c["text"] for c in reranked["candidates"]] == expected[:10]
+    assert [c["score"] for c in reranked["candidates"]] == sorted(
+        (c["score"] for c in reranked["candidates"]), reverse=True
+    )
+    assert plain["reranked"] is False
+    assert [c["text"] for c in plain["candidates"]] == faiss_order[:10]
+
+
+async def test_unsure_reply_matching_falls_back_to_a_reaction(poly_artifacts: Path) -> None:
+    # Not a stored query, so no cosine reaches 1.0; nor does a reranked score.
+    body = {"context": ["my dog is unwell"], "thresholds": {"query_similarity": 1.0, "reply_matching": 1.0}}
+    async with poly_client(poly_artifacts) as client:
+        answer = (await client.post("/reply", json=body)).json()
+        confident = (
+            await client.post("/reply", json={**body, "thresholds": {"query_similarity": 1.0, "reply_matching": -1.0}})
+        ).json()
+    assert answer["source"] == "reaction"
+    assert answer["reply"] in REACTION_LABELS
+    assert answer["id"].startswith("reaction:")
+    assert 0 < answer["score"] <= 1  # a class probability
+    assert confident["source"] == "reply_matching"
+
+
+async def test_a_low_query_threshold_lets_query_similarity_answer(poly_artifacts: Path) -> None:
+    body = {"context": ["something nobody ever said"], "thresholds": {"query_similarity": -1.0}}
+    async with poly_client(poly_artifacts) as client:
+        answer = (await client.post("/reply", json=body)).json()
+    assert answer["source"] == "query_similarity"
+
+
+async def test_reactions_alone(poly_artifacts: Path) -> None:
+    async with poly_client(poly_artifacts) as client:
+        answer = (
+            await client.post("/reply", json={"context": ["good night"], "strategies": ["reaction"], "k": 4})
+        ).json()
+    assert answer["source"] == "reaction"
+    assert sorted(c["text"] for c in answer["candidates"]) == sorted(REACTION_LABELS)
+    assert abs(sum(c["score"] for c in answer["candidates"]) - 1) < 1e-4  # every class, so all the probability
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"thresholds": {"query_similarity": 1.5}}, "thresholds.query_similarity"),
+        ({"thresholds": {"reply_matching": -2}}, "thresholds.reply_matching"),
+        ({"thresholds": {"reply_matching": "high"}}, "thresholds.reply_matching"),
+        ({"thresholds": {"reaction": 0.5}}, "thresholds.reaction"),
+        ({"thresholds": [0.5]}, "thresholds"),
+        ({"rerank": "yes please"}, "rerank"),
+    ],
+)
+async def test_bad_overrides_are_rejected_naming_the_field(
+    poly_artifacts: Path, body: dict[str, object], field: str
+) -> None:
+    async with poly_client(poly_artifacts) as client:
+        response = await client.post("/reply", json={"context": ["hi"], **body})
+    assert response.status_code == 422
+    assert response.json()["error"]["field"] == field
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [({"rerank": True}, "rerank"), ({"strategies": ["reaction"]}, "strategies")],
+)
+async def test_asking_for_what_the_bundle_lacks_is_a_422(
+    client: httpx.AsyncClient, body: dict[str, object], field: str
+) -> None:
+    response = await client.post("/reply", json={"context": ["hi"], **body})  # the plain tiny bundle
+    assert response.status_code == 422
+    assert response.json()["error"]["field"] == field
