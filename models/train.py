@@ -15,7 +15,15 @@ slower machine and simply trains less.
    unlabelled corpus text (its vectors pulled to the teacher's), then tuned on
    pairs with in-batch negatives plus the teacher's score distribution
    (multi-task distillation, Dialog-BERT; Small-BERT).
-3. export: teacher and student, fp32 and int8, each parity-checked.
+3. poly head: m codes over the frozen student's token outputs, trained on
+   cached features with in-batch and bi-encoder-mined hard negatives; m is
+   chosen by validation R@1 after rerank (Humeau et al.).
+4. reactions: frequent short replies mined from the train split; a linear
+   classifier over the student's context vector (Dialog-BERT's third task).
+5. export: teacher and student, fp32 and int8, each parity-checked; the
+   student's bundles carry the poly head and the reaction classifier.
+
+`--from-checkpoints` starts at stage 3 from the torch weights stage 2 saved.
 """
 
 from __future__ import annotations
@@ -28,16 +36,20 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
-from app.engine.bundle import TOKENIZER_FILE
+from app.engine.bundle import TOKENIZER_FILE, PolySpec, ReactionSpec
 from app.engine.text import normalize
+from models import poly
 from models.batches import Tokenise
 from models.data import MAX_CANDIDATE_CHARS, Pair, load_conversations, load_pairs
 from models.encoder import DualEncoder, load_pretrained, minilm_path
+from models.evaluate import eval_set
 from models.export import ExportConfig, export_bundle, parity_sample
 from models.losses import embedding_distillation, in_batch_negatives, score_distillation
+from models.reactions import ReactionModel, mine, train_classifier
 from models.student import student_from
 
 
@@ -59,13 +71,29 @@ class TrainConfig:
     max_reply_tokens: int = 48  # replies are mostly short; the tail is truncated in training only
     max_context_turns: int = 3
     student_layers: tuple[int, ...] = (1, 3, 5)  # alternate layers, keeping the last
+    poly_pairs: int = 30_000  # cached token outputs: 30k x 64 x 384 in fp16 is 1.5 GB
+    poly_codes: tuple[int, ...] = (16, 64)  # m candidates, chosen by validation R@1 after rerank
+    poly_budget_s: float = 150  # per candidate m
+    # The bi-encoder's top wrong replies per context, next to the in-batch
+    # negatives: the candidates a reranker actually has to reorder.
+    poly_hard_negatives: int = 8
+    rerank_depth: int = 50  # what serving reranks (Settings.rerank_depth)
+    validation_examples: int = 1000  # 1-of-100 on the validation split, to choose m
     seed: int = 0
     threads: int = 0  # 0: torch's default, one per core
 
 
 PROFILES = {
-    "quick": TrainConfig("quick", teacher_budget_s=75, distill_budget_s=45, student_budget_s=45),
-    "full": TrainConfig("full", teacher_budget_s=1500, distill_budget_s=600, student_budget_s=1050),
+    "quick": TrainConfig(
+        "quick",
+        teacher_budget_s=75,
+        distill_budget_s=45,
+        student_budget_s=45,
+        poly_pairs=3000,
+        poly_budget_s=10,
+        validation_examples=300,
+    ),
+    "full": TrainConfig("full", teacher_budget_s=1350, distill_budget_s=540, student_budget_s=960),
 }
 
 
@@ -205,6 +233,57 @@ def tune_student(
     return stats
 
 
+def train_poly(
+    student: DualEncoder, pairs: list[tuple[str, str]], tok: Tokenise, cfg: TrainConfig, data_path: Path | None
+) -> tuple[poly.PolyHead, dict[str, float]]:
+    """Trains one head per m in cfg.poly_codes and keeps the best on validation."""
+    started = time.perf_counter()
+    sample = random.Random(cfg.seed + 3).sample(pairs, min(cfg.poly_pairs, len(pairs)))
+    train_features = poly.features(student, tok, sample, cfg.max_context_tokens)
+    negatives = poly.hard_negatives(train_features, cfg.poly_hard_negatives)  # [N, h]
+    val = eval_set(cfg.validation_examples, cfg.seed, "validation", data_path)
+    val_pairs = list(zip(val.joined(" [SEP] ", cfg.max_context_turns), val.replies, strict=True))
+    val_features = poly.features(student, tok, val_pairs, cfg.max_context_tokens)
+    candidates = np.concatenate([np.arange(len(val_pairs))[:, None], val.negatives], axis=1)  # [N, 100]
+    stats: dict[str, float] = {"features_seconds": round(time.perf_counter() - started, 1)}
+    heads = {}
+    for codes in cfg.poly_codes:
+        head, head_stats = poly.train(
+            train_features, negatives, poly.PolyTrainConfig(codes, cfg.poly_budget_s, cfg.max_steps)
+        )
+        head_stats.update(poly.evaluate(head, val_features, candidates, cfg.rerank_depth))
+        log(f"poly m={codes}: {head_stats}")
+        heads[codes] = head
+        stats.update({f"m{codes}_{k}": v for k, v in head_stats.items()})
+    # Ties go to the smaller m: it costs less to serve.
+    best = max(heads, key=lambda m: (stats[f"m{m}_rerank_r_at_1"], -m))
+    stats["codes"] = best
+    stats["seconds"] = round(time.perf_counter() - started, 1)
+    return heads[best], stats
+
+
+def train_reactions(
+    student: DualEncoder, pairs: list[tuple[str, str]], tok: Tokenise, cfg: TrainConfig
+) -> tuple[ReactionModel | None, dict[str, float]]:
+    started = time.perf_counter()
+    reaction_set = mine([r for _, r in pairs])
+    if not reaction_set.labels:
+        log("reactions: no reply is frequent enough to be one; the bundle gets no classifier")
+        return None, {"classes": 0, "coverage": 0.0}
+    labels = reaction_set.classify([r for _, r in pairs])  # [N], -1: not a reaction
+    contexts = [c for (c, _), label in zip(pairs, labels, strict=True) if label >= 0]
+    with torch.inference_mode():
+        vectors = torch.cat(
+            [student.encode_context(*tok.contexts(contexts[i : i + 256])) for i in range(0, len(contexts), 256)]
+        )  # [M, D]
+    weight, bias = train_classifier(vectors.clone(), torch.from_numpy(labels[labels >= 0]), len(reaction_set.labels))
+    spec = ReactionSpec(labels=reaction_set.labels, coverage=reaction_set.coverage)
+    stats = {"classes": len(spec.labels), "coverage": spec.coverage, "examples": len(contexts)}
+    stats["seconds"] = round(time.perf_counter() - started, 1)
+    log(f"reactions: {stats}")
+    return ReactionModel(spec, weight, bias), stats
+
+
 def unlabelled_texts(pairs: list[tuple[str, str]], conversations_turns: list[str], limit: int, seed: int) -> list[str]:
     """Contexts and single turns, the two kinds of input the encoder serves."""
     rng = random.Random(seed)
@@ -232,6 +311,7 @@ def run(
     parity_texts: list[str] | None = None,
     min_parity_cosine: float = 0.99,
     prefix: str = "chitchat",
+    from_checkpoints: bool = False,
 ) -> Outputs:
     started = time.perf_counter()
     torch.manual_seed(cfg.seed)
@@ -243,19 +323,29 @@ def run(
     log(f"{len(pairs)} train pairs, {len(turns)} turns loaded in {time.perf_counter() - started:.1f}s")
     parity_texts = parity_texts or parity_sample()
 
+    checkpoints = bundles_root.parent / "checkpoints"
     if teacher.context_head is None:
         teacher.add_heads()
-    stats = {"teacher": train_teacher(teacher, pairs, tok, cfg)}
-    student = student_from(teacher, cfg.student_layers)
-    distill_texts = unlabelled_texts(pairs, turns, limit=200_000, seed=cfg.seed)
-    stats["distill"] = distill_student(student, teacher, distill_texts, tok, cfg)
-    stats["student"] = tune_student(student, teacher, pairs, tok, cfg)
+    if from_checkpoints:
+        teacher.load_state_dict(torch.load(checkpoints / f"{prefix}-teacher.pt"))
+        student = student_from(teacher, cfg.student_layers)
+        student.load_state_dict(torch.load(checkpoints / f"{prefix}-student.pt"))
+        stats: dict[str, dict[str, float]] = {}
+    else:
+        stats = {"teacher": train_teacher(teacher, pairs, tok, cfg)}
+        student = student_from(teacher, cfg.student_layers)
+        distill_texts = unlabelled_texts(pairs, turns, limit=200_000, seed=cfg.seed)
+        stats["distill"] = distill_student(student, teacher, distill_texts, tok, cfg)
+        stats["student"] = tune_student(student, teacher, pairs, tok, cfg)
+        # Torch weights, so the stages below can be rerun without retraining.
+        checkpoints.mkdir(parents=True, exist_ok=True)
+        for model, role in ((teacher, "teacher"), (student, "student")):
+            torch.save(model.state_dict(), checkpoints / f"{prefix}-{role}.pt")
+    teacher.eval()
+    student.eval()
 
-    # Torch weights for later stages (a poly head trains on the teacher's token outputs).
-    checkpoints = bundles_root.parent / "checkpoints"
-    checkpoints.mkdir(parents=True, exist_ok=True)
-    for model, role in ((teacher, "teacher"), (student, "student")):
-        torch.save(model.state_dict(), checkpoints / f"{prefix}-{role}.pt")
+    poly_head, stats["poly"] = train_poly(student, pairs, tok, cfg, data_path)
+    reactions, stats["reactions"] = train_reactions(student, pairs, tok, cfg)
 
     export_started = time.perf_counter()
     bundles = []
@@ -265,6 +355,9 @@ def run(
         (teacher, "teacher", teacher_layers, False),
         (student, "student", student_layers, True),
     ):
+        if model is student:
+            student.poly_head = poly_head
+        head_spec = PolySpec(codes=poly_head.num_codes, weight=float(poly_head.weight.item()))
         for quantize in (False, True):
             config = ExportConfig(
                 name=f"{prefix}-{role}-l{layers}-{'int8' if quantize else 'fp32'}",
@@ -277,6 +370,8 @@ def run(
                 # Only the int8 student is meant to serve; the rest are for evaluation.
                 servable=servable and quantize,
                 training={"profile": cfg.profile, **{f"{k}_{m}": v for k, s in stats.items() for m, v in s.items()}},
+                poly=head_spec if model is student else None,
+                reactions=reactions if model is student else None,
             )
             bundles.append(export_bundle(model, config, bundles_root, parity_texts))
     stats["export"] = {"seconds": round(time.perf_counter() - export_started, 1)}
@@ -289,10 +384,18 @@ def main() -> None:
     parser.add_argument("--profile", choices=sorted(PROFILES), default="quick")
     parser.add_argument("--bundles", type=Path, default=Path("artifacts/bundles"))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--from-checkpoints", action="store_true", help="skip stages 1-2: load their saved weights")
     args = parser.parse_args()
     cfg = replace(PROFILES[args.profile], seed=args.seed)
     log(f"profile {cfg.profile}: {asdict(cfg)}")
-    run(cfg, args.bundles, load_pretrained(), minilm_path() / TOKENIZER_FILE, "sentence-transformers/all-MiniLM-L6-v2")
+    run(
+        cfg,
+        args.bundles,
+        load_pretrained(),
+        minilm_path() / TOKENIZER_FILE,
+        "sentence-transformers/all-MiniLM-L6-v2",
+        from_checkpoints=args.from_checkpoints,
+    )
 
 
 if __name__ == "__main__":
