@@ -45,13 +45,17 @@ index: bundle  ## build the chitchat index for the served bundle (skipped if pre
 
 artifacts: index  ## everything the service needs under artifacts/
 
-# Trains teacher and student (PROFILE=full: <= 60 min, PROFILE=quick: <= 5 min),
-# evaluates every bundle (which records the figures the service ranks bundles
-# by), then indexes the chitchat candidates for the bundle that will serve.
-train: bundle  ## teacher + 3-layer student -> bundles, then eval and index
+# Trains teacher, 3-layer student, poly head and reaction classifier
+# (PROFILE=full: <= 60 min, PROFILE=quick: <= 5 min), indexes the chitchat
+# candidates with the student, fits its thresholds on validation data against
+# that index, then evaluates every bundle (which records the figures the
+# service ranks bundles by).
+STUDENT := artifacts/bundles/chitchat-student-l3-int8
+train: bundle  ## teacher + student + poly + reactions -> bundles; then index, calibrate, eval
 	$(PY) -m models.train --profile $(PROFILE)
+	$(PY) -m index.build --if-missing --bundle $(STUDENT)
+	$(PY) -m models.calibrate --bundle $(STUDENT)
 	$(MAKE) eval
-	$(PY) -m index.build --if-missing
 
 eval: install  ## 1-of-100 report on held-out conversations -> reports/eval.{md,json}
 	$(PY) -m models.export --fp32 --name minilm-l6-zeroshot-fp32 --if-missing
