@@ -54,6 +54,18 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+def export_and_index(model: DualEncoder, config: ExportConfig, root: Path) -> Path:
+    """root/bundles/<config.name> and one current index version of the tiny candidates built with it."""
+    bundle_dir = export_bundle(model, config, root / "bundles", TINY_PARITY_TEXTS)
+    bundle = read_manifest(bundle_dir)
+    store = IndexStore(root / "indexes")
+    manifest = build_version(
+        tiny_candidates(), Encoder(bundle_dir, bundle), bundle.checksum, store, "tests", progress=False
+    )
+    store.set_current(manifest.version)
+    return root
+
+
 @pytest.fixture(scope="session")
 def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """artifacts/ with one tiny int8 bundle and one index version built with it."""
@@ -67,14 +79,7 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
         # mechanism, not MiniLM's figure, is what is under test here.
         min_parity_cosine=0.95,
     )
-    bundle_dir = export_bundle(DualEncoder(tiny_body(vocab_size=30522)), config, root / "bundles", TINY_PARITY_TEXTS)
-    bundle = read_manifest(bundle_dir)
-    store = IndexStore(root / "indexes")
-    manifest = build_version(
-        tiny_candidates(), Encoder(bundle_dir, bundle), bundle.checksum, store, "tests", progress=False
-    )
-    store.set_current(manifest.version)
-    return root
+    return export_and_index(DualEncoder(tiny_body(vocab_size=30522)), config, root)
 
 
 REACTION_LABELS = ["lol", "oh no", "nice", "good night"]
@@ -105,14 +110,7 @@ def poly_artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
         poly=PolySpec(codes=4, weight=0.5),
         reactions=reactions,
     )
-    bundle_dir = export_bundle(model, config, root / "bundles", TINY_PARITY_TEXTS)
-    bundle = read_manifest(bundle_dir)
-    store = IndexStore(root / "indexes")
-    manifest = build_version(
-        tiny_candidates(), Encoder(bundle_dir, bundle), bundle.checksum, store, "tests", progress=False
-    )
-    store.set_current(manifest.version)
-    return root
+    return export_and_index(model, config, root)
 
 
 @pytest.fixture(scope="session")
