@@ -33,9 +33,11 @@ from models.encoder import DualEncoder, mean_pool
 class PolyHead(nn.Module):
     def __init__(self, dim: int, codes: int) -> None:
         super().__init__()
-        # Small codes give near-uniform attention at first: every vector starts
-        # as the mean-pooled context, the bi-encoder's own view.
-        self.codes = nn.Parameter(torch.randn(codes, dim) * 0.02)  # [m, H]
+        # Unit-variance codes, as the paper's embedding init: attention starts
+        # mildly peaked and different per code. Tiny codes would start every
+        # vector as the same mean pool, and identical vectors get identical
+        # gradients, so they would separate only slowly.
+        self.codes = nn.Parameter(torch.randn(codes, dim))  # [m, H]
         self.project = nn.Linear(dim, dim)  # token space -> reply-vector space
         nn.init.eye_(self.project.weight)
         nn.init.zeros_(self.project.bias)
