@@ -7,16 +7,23 @@ bi-encoder's: (1 - w) * bi + w * poly, w learned. Starting near w = 0 means
 training starts from the bi-encoder's ranking and only has to improve it.
 
 The encoder is frozen, so its token outputs are computed once and the head
-trains on the cache for many epochs. Negatives are in-batch replies plus the
-bi-encoder's own top-ranked wrong replies: a reranker sees exactly those.
+trains on the cache, with in-batch negatives, keeping the state that scores
+best on validation (a head this small overfits 30k pairs within minutes).
+
+Measured here: adding the bi-encoder's own top-8 wrong replies as hard
+negatives cut validation R@1 after rerank from 0.387 to 0.296. In chit-chat
+the bi-encoder's top replies are mostly acceptable answers too, so "hard
+negatives" are largely false ones.
 `app/engine/reranker.py` is the numpy twin of `rescore` below.
 """
 
 from __future__ import annotations
 
+import copy
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -104,58 +111,52 @@ def features(
     return PolyFeatures(hidden, mask, context, reply, [normalize(r) for _, r in pairs])
 
 
-def hard_negatives(f: PolyFeatures, count: int, chunk: int = 2048) -> torch.Tensor:
-    """[N, count] rows of the replies the bi-encoder ranks highest for each
-    context, other than its own reply and exact duplicates of it."""
-    out = torch.empty(len(f.reply_keys), count, dtype=torch.long)
-    for start in range(0, len(f.reply_keys), chunk):
-        scores = f.context[start : start + chunk] @ f.reply.T  # [c, N]
-        top = scores.topk(min(count + 8, scores.shape[1]), dim=1).indices  # spare rows for the ones skipped below
-        for i, row in enumerate(top.tolist()):
-            own = f.reply_keys[start + i]
-            picked = [j for j in row if f.reply_keys[j] != own][:count]
-            picked += [picked[-1] if picked else 0] * (count - len(picked))
-            out[start + i] = torch.tensor(picked)
-    return out
-
-
 @dataclass(frozen=True)
 class PolyTrainConfig:
     codes: int
     budget_s: float
     max_steps: int = 100_000  # the budget ends a real run; tests cap steps
     batch_size: int = 128  # in-batch negatives on cached features are cheap
+    validate_every: int = 100  # steps between validation checks
     lr: float = 1e-3
     scale: float = 20.0  # cosine -> logit scale, as the encoder's own loss
     seed: int = 0
 
 
-def train(f: PolyFeatures, negatives: torch.Tensor, cfg: PolyTrainConfig) -> tuple[PolyHead, dict[str, float]]:
+def train(
+    f: PolyFeatures, cfg: PolyTrainConfig, validate: Callable[[PolyHead], float]
+) -> tuple[PolyHead, dict[str, float]]:
+    """Trains to the budget; returns the head as it was at its best `validate` score."""
     torch.manual_seed(cfg.seed)
     head = PolyHead(f.context.shape[1], cfg.codes)
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.01)
     rng = random.Random(cfg.seed)
     rows = list(range(len(f.reply_keys)))
+    best_score, best_state, best_step = validate(head.eval()), copy.deepcopy(head.state_dict()), 0
     started, losses = time.perf_counter(), []
     bar = tqdm(total=round(cfg.budget_s), desc=f"poly m={cfg.codes}", unit="s", file=sys.stderr)
     while time.perf_counter() - started < cfg.budget_s and len(losses) < cfg.max_steps:
+        head.train()
         batch = torch.tensor(rng.sample(rows, min(cfg.batch_size, len(rows))))  # [B]
-        b = len(batch)
-        candidates = torch.cat([batch[None, :].expand(b, b), negatives[batch]], dim=1)  # [B, B + h]
-        replies = f.reply[candidates]  # [B, B + h, H]
-        bi = torch.einsum("bh,bch->bc", f.context[batch], replies)  # [B, B + h]
+        replies = f.reply[batch][None].expand(len(batch), -1, -1)  # [B, B, H]: every reply in the batch
+        bi = f.context[batch] @ f.reply[batch].T  # [B, B]
         vectors = head(f.hidden[batch].float(), f.mask[batch])  # [B, m, H]
-        logits = cfg.scale * rescore(head, bi, vectors, replies)  # [B, B + h]
-        loss = F.cross_entropy(logits, torch.arange(b))  # the true reply sits on the diagonal
+        logits = cfg.scale * rescore(head, bi, vectors, replies)  # [B, B]
+        loss = F.cross_entropy(logits, torch.arange(len(batch)))  # the true reply sits on the diagonal
         opt.zero_grad()
         loss.backward()
         opt.step()
         losses.append(loss.item())
+        if len(losses) % cfg.validate_every == 0:
+            score = validate(head.eval())
+            if score > best_score:
+                best_score, best_state, best_step = score, copy.deepcopy(head.state_dict()), len(losses)
         bar.n = min(round(time.perf_counter() - started), round(cfg.budget_s))
-        bar.set_postfix(step=len(losses), loss=f"{np.mean(losses[-20:]):.3f}", w=f"{head.weight.item():.2f}")
+        bar.set_postfix(step=len(losses), loss=f"{np.mean(losses[-20:]):.3f}", best=f"{best_score:.3f}@{best_step}")
     bar.close()
+    head.load_state_dict(best_state)
     head.eval()
-    stats = {"steps": len(losses), "seconds": round(time.perf_counter() - started, 1)}
+    stats = {"steps": len(losses), "best_step": best_step, "seconds": round(time.perf_counter() - started, 1)}
     stats["final_loss"] = round(float(np.mean(losses[-20:])), 4) if losses else float("nan")
     stats["weight"] = round(float(head.weight.item()), 4)
     return head, stats

@@ -16,8 +16,8 @@ slower machine and simply trains less.
    pairs with in-batch negatives plus the teacher's score distribution
    (multi-task distillation, Dialog-BERT; Small-BERT).
 3. poly head: m codes over the frozen student's token outputs, trained on
-   cached features with in-batch and bi-encoder-mined hard negatives; m is
-   chosen by validation R@1 after rerank (Humeau et al.).
+   cached features with in-batch negatives, kept at its best validation
+   R@1 after rerank; m is chosen the same way (Humeau et al.).
 4. reactions: frequent short replies mined from the train split; a linear
    classifier over the student's context vector (Dialog-BERT's third task).
 5. export: teacher and student, fp32 and int8, each parity-checked; the
@@ -74,9 +74,6 @@ class TrainConfig:
     poly_pairs: int = 30_000  # cached token outputs: 30k x 64 x 384 in fp16 is 1.5 GB
     poly_codes: tuple[int, ...] = (16, 64)  # m candidates, chosen by validation R@1 after rerank
     poly_budget_s: float = 150  # per candidate m
-    # The bi-encoder's top wrong replies per context, next to the in-batch
-    # negatives: the candidates a reranker actually has to reorder.
-    poly_hard_negatives: int = 8
     rerank_depth: int = 50  # what serving reranks (Settings.rerank_depth)
     validation_examples: int = 1000  # 1-of-100 on the validation split, to choose m
     seed: int = 0
@@ -240,16 +237,19 @@ def train_poly(
     started = time.perf_counter()
     sample = random.Random(cfg.seed + 3).sample(pairs, min(cfg.poly_pairs, len(pairs)))
     train_features = poly.features(student, tok, sample, cfg.max_context_tokens)
-    negatives = poly.hard_negatives(train_features, cfg.poly_hard_negatives)  # [N, h]
     val = eval_set(cfg.validation_examples, cfg.seed, "validation", data_path)
     val_pairs = list(zip(val.joined(" [SEP] ", cfg.max_context_turns), val.replies, strict=True))
     val_features = poly.features(student, tok, val_pairs, cfg.max_context_tokens)
     candidates = np.concatenate([np.arange(len(val_pairs))[:, None], val.negatives], axis=1)  # [N, 100]
+
+    def validate(head: poly.PolyHead) -> float:
+        return poly.evaluate(head, val_features, candidates, cfg.rerank_depth)["rerank_r_at_1"]
+
     stats: dict[str, float] = {"features_seconds": round(time.perf_counter() - started, 1)}
     heads = {}
     for codes in cfg.poly_codes:
         head, head_stats = poly.train(
-            train_features, negatives, poly.PolyTrainConfig(codes, cfg.poly_budget_s, cfg.max_steps)
+            train_features, poly.PolyTrainConfig(codes, cfg.poly_budget_s, cfg.max_steps), validate
         )
         head_stats.update(poly.evaluate(head, val_features, candidates, cfg.rerank_depth))
         log(f"poly m={codes}: {head_stats}")
