@@ -23,7 +23,7 @@ from app.config import Settings
 from app.engine import retriever
 from app.engine.bundle import read_manifest
 from app.engine.encoder import Encoder
-from app.engine.runtime import load_serving
+from app.engine.runtime import limit_cpu_threads, load_serving
 from bench.latency import test_contexts
 from index.store import IndexStore
 
@@ -45,6 +45,7 @@ def main() -> None:
     args = parser.parse_args()
 
     settings = Settings(artifacts_dir=args.artifacts, bundle_dir=args.bundle)
+    limit_cpu_threads(settings)  # as the service does
     serving = load_serving(settings, IndexStore(settings.indexes_root))
     if serving.reranker is None:
         raise SystemExit(f"{serving.bundle.name} has no poly head")

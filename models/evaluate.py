@@ -35,6 +35,7 @@ from models.walk import SOURCES, replay, sources, utility
 CANDIDATES = 100
 LATENCY_QUERIES = 200
 LATENCY_BATCH = 64
+FALLBACK_SHARES = (0.05, 0.1, 0.2, 0.3)  # shares of turns a lower reply-matching threshold would send to reactions
 
 
 @dataclass
@@ -195,9 +196,23 @@ def source_report(artifacts: Path, judge_dir: Path, data: EvalSet) -> dict[str, 
                 else None,
             }
         )
+    # Does the reply-matching score find the turns where retrieval is least
+    # reliable? Send its lowest-scored share of turns to reactions and
+    # compare reply matching's R@1 on those turns with the rest.
+    fallback = []
+    for share in FALLBACK_SHARES:
+        low = features.reply_score < np.quantile(features.reply_score, share)  # [N]
+        fallback.append(
+            {
+                "share": share,
+                "reply_matching_r_at_1_on_fallback_turns": round(float(hit[low].mean()), 4),
+                "reply_matching_r_at_1_on_the_rest": round(float(hit[~low].mean()), 4),
+            }
+        )
     return {
         "bundle": serving.bundle.name,
         "thresholds": asdict(serving.bundle.thresholds),
+        "fallback_curve": fallback,
         "judge": read_manifest(judge_dir).name,
         "walk_judge_cosine": round(float(utility(features, chosen).mean()), 4),
         "reply_matching_only_judge_cosine": round(float(features.judged["reply_matching"].mean()), 4),
@@ -266,6 +281,19 @@ def markdown(rows: list[dict[str, Any]], n: int, walk: dict[str, Any] | None) ->
                 f"| {p['source']} | {p['share']:.3f} | {_cell(p['judge_cosine'])} | "
                 f"{_cell(p['reply_matching_r_at_1'])} | {p['true_reply_is_reaction']:.3f} | "
                 f"{_cell(p['reaction_acc_at_1'])} |"
+            )
+        lines += [
+            "",
+            "If a lower `reply_matching` threshold sent the lowest-scored share of turns to reactions, reply "
+            "matching's 1-of-100 R@1 on those turns and on the rest:",
+            "",
+            "| share sent to reactions | R@1 on those turns | R@1 on the rest |",
+            "|---|---|---|",
+        ]
+        for c in walk["fallback_curve"]:
+            lines.append(
+                f"| {c['share']:.2f} | {c['reply_matching_r_at_1_on_fallback_turns']:.3f} | "
+                f"{c['reply_matching_r_at_1_on_the_rest']:.3f} |"
             )
     return "\n".join(lines) + "\n"
 

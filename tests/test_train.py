@@ -116,6 +116,7 @@ async def test_pipeline_trains_exports_evaluates_and_the_service_serves_the_stud
     assert 0 <= student_row["reaction_acc_at_1"] <= student_row["reaction_acc_at_5"] <= 1
     report = json.loads((tmp_path / "reports" / "eval.json").read_text())
     assert sum(p["share"] for p in report["sources"]["per_source"]) == pytest.approx(1.0, abs=1e-3)
+    assert [c["share"] for c in report["sources"]["fallback_curve"]] == [0.05, 0.1, 0.2, 0.3]
     assert "| reaction |" in (tmp_path / "reports" / "eval.md").read_text()
 
     # Only the int8 student is servable, and its manifest now carries its figures.
