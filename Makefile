@@ -15,7 +15,7 @@ PIP_INSTALL := $(PY) -m pip install --quiet --disable-pip-version-check $(if $(W
 
 PROFILE ?= full
 
-.PHONY: help install install-dev run serve artifacts bundle index train eval bench-reindex test lint format typecheck pytest bench clean docker
+.PHONY: help install install-dev run serve artifacts bundle index train eval bench-rerank bench-reindex test lint format typecheck pytest bench clean docker
 
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -84,6 +84,9 @@ test: lint typecheck pytest  ## everything CI runs
 
 bench: artifacts  ## /reply latency against the full chitchat index (starts its own server)
 	$(PY) -m bench.latency
+
+bench-rerank: artifacts  ## p50 the poly rerank step adds (needs a served bundle with a poly head, from make train)
+	$(PY) -m bench.rerank
 
 bench-reindex: artifacts  ## live reindex of ~100k candidates: duration and /reply p99 during it (needs Redis)
 	$(PY) -m bench.reindex
