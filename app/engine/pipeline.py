@@ -105,7 +105,8 @@ async def reply(runtime: Runtime, turns: Sequence[str], options: ReplyOptions, e
             threshold = thresholds.query_similarity
         else:
             if context is None:
-                context = await embed_context(runtime, serving, serving.encoder.join_context(turns), rerank)
+                with_poly = rerank and "reply_matching" in options.strategies  # reactions need no poly vectors
+                context = await embed_context(runtime, serving, serving.encoder.join_context(turns), with_poly)
             vector, poly = context  # [D], [m, D] or None
             if strategy == "reply_matching":
                 hits = await runtime.pool.run(
