@@ -32,7 +32,6 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from app.engine.text import normalize
 from models.batches import Tokenise
 from models.encoder import DualEncoder, mean_pool
 
@@ -87,7 +86,6 @@ class PolyFeatures:
     mask: torch.Tensor  # [N, T] int64
     context: torch.Tensor  # [N, H] bi-encoder context vectors
     reply: torch.Tensor  # [N, H] reply vectors
-    reply_keys: list[str]  # [N] normalised replies, to tell true from false negatives
 
 
 @torch.inference_mode()
@@ -108,7 +106,7 @@ def features(
         mask[start : start + len(chunk), :t] = m
         context[start : start + len(chunk)] = model._project(mean_pool(h, m), model.context_head)
         reply[start : start + len(chunk)] = model.encode_reply(*tok.replies([r for _, r in chunk]))
-    return PolyFeatures(hidden, mask, context, reply, [normalize(r) for _, r in pairs])
+    return PolyFeatures(hidden, mask, context, reply)
 
 
 @dataclass(frozen=True)
@@ -131,7 +129,7 @@ def train(
     head = PolyHead(f.context.shape[1], cfg.codes)
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.01)
     rng = random.Random(cfg.seed)
-    rows = list(range(len(f.reply_keys)))
+    rows = list(range(len(f.context)))
     best_score, best_state, best_step = validate(head.eval()), copy.deepcopy(head.state_dict()), 0
     started, losses = time.perf_counter(), []
     bar = tqdm(total=round(cfg.budget_s), desc=f"poly m={cfg.codes}", unit="s", file=sys.stderr)

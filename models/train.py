@@ -351,13 +351,12 @@ def run(
     bundles = []
     teacher_layers = int(teacher.body.config.num_hidden_layers)
     student_layers = int(student.body.config.num_hidden_layers)
+    student.poly_head = poly_head  # the student's bundles carry the head; the teacher's do not
+    head_spec = PolySpec(codes=poly_head.num_codes, weight=float(poly_head.weight.item()))
     for model, role, layers, servable in (
         (teacher, "teacher", teacher_layers, False),
         (student, "student", student_layers, True),
     ):
-        if model is student:
-            student.poly_head = poly_head
-        head_spec = PolySpec(codes=poly_head.num_codes, weight=float(poly_head.weight.item()))
         for quantize in (False, True):
             config = ExportConfig(
                 name=f"{prefix}-{role}-l{layers}-{'int8' if quantize else 'fp32'}",
