@@ -164,7 +164,8 @@ def source_report(artifacts: Path, judge_dir: Path, data: EvalSet) -> dict[str, 
     """Which source answers each test turn under the served bundle's thresholds, and how well.
 
     Per source: its share of turns; the judge cosine of its answers to the
-    true replies; the 1-of-100 R@1 of reply matching on those same turns,
+    true replies, and the share of them off topic (`models/walk.py`); the
+    1-of-100 R@1 of reply matching on those same turns,
     which says how reliable retrieval was there; and, for reactions, the
     accuracy on the turns whose true reply is one of the reactions."""
     settings = Settings(artifacts_dir=artifacts)
@@ -180,6 +181,7 @@ def source_report(artifacts: Path, judge_dir: Path, data: EvalSet) -> dict[str, 
     labels = serving.reactions.labels if serving.reactions is not None else []
     truth = ReactionSet.from_labels(labels).classify(data.replies)  # [N], -1: not a reaction
     predicted = np.array([labels.index(a) if a in labels else -2 for a in features.answers["reaction"]])
+    off_topic = {s: features.judged[s] < features.off_topic_below for s in SOURCES}  # [N] each
     per_source = []
     for source in SOURCES:
         turns = chosen == source
@@ -189,6 +191,7 @@ def source_report(artifacts: Path, judge_dir: Path, data: EvalSet) -> dict[str, 
                 "source": source,
                 "share": round(float(turns.mean()), 4),
                 "judge_cosine": round(float(features.judged[source][turns].mean()), 4) if turns.any() else None,
+                "off_topic": round(float(off_topic[source][turns].mean()), 4) if turns.any() else None,
                 "reply_matching_r_at_1": round(float(hit[turns].mean()), 4) if turns.any() else None,
                 "true_reply_is_reaction": round(float(is_reaction.sum() / max(1, turns.sum())), 4),
                 "reaction_acc_at_1": round(float((predicted == truth)[is_reaction].mean()), 4)
@@ -215,6 +218,7 @@ def source_report(artifacts: Path, judge_dir: Path, data: EvalSet) -> dict[str, 
         "fallback_curve": fallback,
         "judge": read_manifest(judge_dir).name,
         "walk_judge_cosine": round(float(utility(features, chosen).mean()), 4),
+        "off_topic_below": round(features.off_topic_below, 4),
         "reply_matching_only_judge_cosine": round(float(features.judged["reply_matching"].mean()), 4),
         "per_source": per_source,
     }
@@ -269,16 +273,18 @@ def markdown(rows: list[dict[str, Any]], n: int, walk: dict[str, Any] | None) ->
             f"calibrated thresholds (query similarity ≥ {t['query_similarity']}, reply matching ≥ "
             f"{t['reply_matching']}). Judge: cosine between the answer and the true reply under "
             f"{walk['judge']}; the walk averages {walk['walk_judge_cosine']:.3f}, reply matching alone "
-            f'{walk["reply_matching_only_judge_cosine"]:.3f}. "Reply-matching R@1" is 1-of-100 on the '
-            "turns each source took: where reply matching would have been reliable.",
+            f'{walk["reply_matching_only_judge_cosine"]:.3f}. "Off topic": judge cosine below '
+            f"{walk['off_topic_below']:.3f}, no closer than another turn's answer usually is. "
+            '"Reply-matching R@1" is 1-of-100 on the turns each source took: where reply matching would have '
+            "been reliable.",
             "",
-            "| source | share of turns | judge cosine | reply-matching R@1 on these turns | true reply is a reaction "
-            "| reaction accuracy@1 there |",
-            "|---|---|---|---|---|---|",
+            "| source | share of turns | judge cosine | off topic | reply-matching R@1 on these turns "
+            "| true reply is a reaction | reaction accuracy@1 there |",
+            "|---|---|---|---|---|---|---|",
         ]
         for p in walk["per_source"]:
             lines.append(
-                f"| {p['source']} | {p['share']:.3f} | {_cell(p['judge_cosine'])} | "
+                f"| {p['source']} | {p['share']:.3f} | {_cell(p['judge_cosine'])} | {_cell(p['off_topic'])} | "
                 f"{_cell(p['reply_matching_r_at_1'])} | {p['true_reply_is_reaction']:.3f} | "
                 f"{_cell(p['reaction_acc_at_1'])} |"
             )

@@ -9,6 +9,13 @@ What "well" means: no one labelled which stored reply is acceptable after a
 turn, so an answer is judged by its cosine to the reply the person actually
 sent, under a judge encoder that is not the served model (by default the
 zero-shot all-MiniLM-L6-v2, a general sentence-similarity model).
+
+Judged by that mean alone, a reaction almost never beats a retrieved reply,
+even a wrong one: "haha" is far from most true replies too. But a wrong
+specific reply is worse for a user than a generic one, and the mean cannot
+say so. So a retrieved answer that is off topic, no closer to the true reply
+than another turn's answer usually is, also pays `off_topic_cost`. A
+reaction commits to no topic and pays nothing.
 """
 
 from __future__ import annotations
@@ -32,6 +39,18 @@ class WalkFeatures:
     answers: dict[str, list[str]]  # source -> [N] the text it would serve
     judged: dict[str, np.ndarray]  # source -> [N] judge cosine between its answer and the true reply
     has_reactions: bool
+    # [N] judge cosine between reply matching's answer to another turn and this turn's true reply
+    chance: np.ndarray
+
+    @property
+    def off_topic_below(self) -> float:
+        """A retrieved answer under this judge cosine is no closer than chance usually is."""
+        return float(np.median(self.chance))
+
+    @property
+    def lift_over_chance(self) -> float:
+        """How much closer reply matching's answers are, on average, than an off-topic one."""
+        return float(self.judged["reply_matching"].mean() - self.off_topic_below)
 
 
 def replay(
@@ -60,11 +79,13 @@ def replay(
         if x:
             answers["reaction"][i] = x[0].text
     truth = judge.encode(replies, side="reply")  # [N, D]
-    judged = {s: (judge.encode(answers[s], side="reply") * truth).sum(axis=1) for s in SOURCES}  # [N] each
+    answer = {s: judge.encode(answers[s], side="reply") for s in SOURCES}  # [N, D] each
+    judged = {s: (answer[s] * truth).sum(axis=1) for s in SOURCES}  # [N] each
+    chance = (np.roll(answer["reply_matching"], 1, axis=0) * truth).sum(axis=1)  # [N]: a derangement
     has_reactions = serving.reactions is not None
     if not has_reactions:
         judged["reaction"] = np.full(n, -np.inf)  # never the better choice
-    return WalkFeatures(query_score, reply_score, answers, judged, has_reactions)
+    return WalkFeatures(query_score, reply_score, answers, judged, has_reactions, chance)
 
 
 def sources(f: WalkFeatures, thresholds: Thresholds) -> np.ndarray:
@@ -75,11 +96,19 @@ def sources(f: WalkFeatures, thresholds: Thresholds) -> np.ndarray:
     return np.where(f.query_score >= thresholds.query_similarity, "query_similarity", reply_or_reaction)
 
 
-def utility(f: WalkFeatures, chosen: np.ndarray) -> np.ndarray:
-    """[N] judge cosine of the answer each turn gets."""
+def source_utility(f: WalkFeatures, source: str, off_topic_cost: float = 0.0) -> np.ndarray:
+    """[N] what each turn would score if `source` answered it."""
+    judged = f.judged[source]
+    if source == "reaction":
+        return judged
+    return judged - off_topic_cost * (judged < f.off_topic_below)
+
+
+def utility(f: WalkFeatures, chosen: np.ndarray, off_topic_cost: float = 0.0) -> np.ndarray:
+    """[N] what each turn scores with the source `chosen` for it."""
     out = np.empty(len(chosen))
     for s in SOURCES:
-        out[chosen == s] = f.judged[s][chosen == s]
+        out[chosen == s] = source_utility(f, s, off_topic_cost)[chosen == s]
     return out
 
 

@@ -107,6 +107,7 @@ async def test_pipeline_trains_exports_evaluates_and_the_service_serves_the_stud
     assert fitted["thresholds"] == asdict(calibrated.thresholds)
     assert calibrated.calibration["value"] >= max(calibrated.calibration["baselines"].values())
     assert sum(calibrated.calibration["shares"].values()) == pytest.approx(1.0, abs=1e-3)
+    assert calibrated.calibration["off_topic_cost"] >= 0 and len(calibrated.calibration["reaction_share_by_cost"]) == 5
 
     rows = evaluate_all(artifacts / "bundles", tmp_path / "reports", n=200, seed=0, path=corpus, judge=judge)
     assert rows[0]["model"] == "TF-IDF, last turn"
