@@ -134,7 +134,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)  # not the test set's seed 0, though the splits differ anyway
     parser.add_argument("--off-topic-cost", type=float, help="judge-cosine cost of an off-topic retrieved answer")
     args = parser.parse_args()
-    calibrate(args.artifacts, args.judge, args.examples, args.seed, args.bundle, args.off_topic_cost)
+    calibrate(
+        args.artifacts, args.judge, args.examples, args.seed, bundle_dir=args.bundle, off_topic_cost=args.off_topic_cost
+    )
 
 
 if __name__ == "__main__":
