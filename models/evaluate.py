@@ -192,6 +192,9 @@ def source_report(artifacts: Path, judge_dir: Path, data: EvalSet) -> dict[str, 
                 "share": round(float(turns.mean()), 4),
                 "judge_cosine": round(float(features.judged[source][turns].mean()), 4) if turns.any() else None,
                 "off_topic": round(float(off_topic[source][turns].mean()), 4) if turns.any() else None,
+                "reply_matching_off_topic": round(float(off_topic["reply_matching"][turns].mean()), 4)
+                if turns.any()
+                else None,
                 "reply_matching_r_at_1": round(float(hit[turns].mean()), 4) if turns.any() else None,
                 "true_reply_is_reaction": round(float(is_reaction.sum() / max(1, turns.sum())), 4),
                 "reaction_acc_at_1": round(float((predicted == truth)[is_reaction].mean()), 4)
@@ -219,6 +222,8 @@ def source_report(artifacts: Path, judge_dir: Path, data: EvalSet) -> dict[str, 
         "judge": read_manifest(judge_dir).name,
         "walk_judge_cosine": round(float(utility(features, chosen).mean()), 4),
         "off_topic_below": round(features.off_topic_below, 4),
+        "walk_off_topic": round(float(((chosen != "reaction") & off_topic["reply_matching"]).mean()), 4),
+        "reply_matching_only_off_topic": round(float(off_topic["reply_matching"].mean()), 4),
         "reply_matching_only_judge_cosine": round(float(features.judged["reply_matching"].mean()), 4),
         "per_source": per_source,
     }
@@ -274,17 +279,19 @@ def markdown(rows: list[dict[str, Any]], n: int, walk: dict[str, Any] | None) ->
             f"{t['reply_matching']}). Judge: cosine between the answer and the true reply under "
             f"{walk['judge']}; the walk averages {walk['walk_judge_cosine']:.3f}, reply matching alone "
             f'{walk["reply_matching_only_judge_cosine"]:.3f}. "Off topic": judge cosine below '
-            f"{walk['off_topic_below']:.3f}, no closer than another turn's answer usually is. "
-            '"Reply-matching R@1" is 1-of-100 on the turns each source took: where reply matching would have '
-            "been reliable.",
+            f"{walk['off_topic_below']:.3f}, no closer than another turn's answer usually is; the walk serves "
+            f"an off-topic retrieved answer on {walk['walk_off_topic']:.3f} of turns, reply matching alone would "
+            f'on {walk["reply_matching_only_off_topic"]:.3f}. "Reply matching there": how reply matching would '
+            "have done on the turns each source took (off-topic share, 1-of-100 R@1): where it was reliable.",
             "",
-            "| source | share of turns | judge cosine | off topic | reply-matching R@1 on these turns "
+            "| source | share of turns | judge cosine | off topic | reply matching there: off topic | R@1 "
             "| true reply is a reaction | reaction accuracy@1 there |",
-            "|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for p in walk["per_source"]:
             lines.append(
                 f"| {p['source']} | {p['share']:.3f} | {_cell(p['judge_cosine'])} | {_cell(p['off_topic'])} | "
+                f"{_cell(p['reply_matching_off_topic'])} | "
                 f"{_cell(p['reply_matching_r_at_1'])} | {p['true_reply_is_reaction']:.3f} | "
                 f"{_cell(p['reaction_acc_at_1'])} |"
             )
