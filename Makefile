@@ -46,7 +46,7 @@ index: bundle  ## build the chitchat index for the served bundle (skipped if pre
 artifacts: index  ## everything the service needs under artifacts/
 
 # Trains teacher, 3-layer student, poly head and reaction classifier
-# (training stages measured at ~57 min for PROFILE=full, ~4.5 min for quick), indexes the chitchat
+# (training stages measured at 57-60 min for PROFILE=full, ~4.5 min for quick), indexes the chitchat
 # candidates with the student, fits its thresholds on validation data against
 # that index, then evaluates every bundle (which records the figures the
 # service ranks bundles by).
