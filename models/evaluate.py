@@ -222,7 +222,9 @@ def source_report(artifacts: Path, judge_dir: Path, data: EvalSet) -> dict[str, 
         "judge": read_manifest(judge_dir).name,
         "walk_judge_cosine": round(float(utility(features, chosen).mean()), 4),
         "off_topic_below": round(features.off_topic_below, 4),
-        "walk_off_topic": round(float(((chosen != "reaction") & off_topic["reply_matching"]).mean()), 4),
+        "walk_off_topic": round(
+            float(sum(((chosen == s) & off_topic[s]).mean() for s in ("query_similarity", "reply_matching"))), 4
+        ),
         "reply_matching_only_off_topic": round(float(off_topic["reply_matching"].mean()), 4),
         "reply_matching_only_judge_cosine": round(float(features.judged["reply_matching"].mean()), 4),
         "per_source": per_source,
