@@ -43,7 +43,7 @@ class Settings(BaseSettings):
 
     max_body_bytes: int = Field(default=64 * 1024, ge=1024)
     default_k: int = Field(default=5, ge=1, le=50)
-    # FAISS hits the poly head rescores; at 50 the step costs ~0.35 ms p50 (bench.rerank).
+    # FAISS hits the poly head rescores; `python -m bench.rerank` measures what the step costs.
     rerank_depth: int = Field(default=50, ge=1, le=200)
 
     # Admin routes are disabled unless this is set (an empty value counts as unset).

@@ -43,8 +43,7 @@ async def embed_context(
     m, dim = serving.bundle.poly.codes, serving.encoder.dim
     context_key = runtime.cache.key(serving.bundle.checksum, "context", text)
     poly_key = runtime.cache.key(serving.bundle.checksum, "poly", text)
-    (vector,) = await runtime.cache.get_many([context_key], dim)
-    (poly,) = await runtime.cache.get_many([poly_key], m * dim)
+    vector, poly = await runtime.cache.get_many([context_key, poly_key], [dim, m * dim])  # one round trip
     if vector is not None and poly is not None:
         return vector, poly.reshape(m, dim)
     vectors, polys = await runtime.pool.run(serving.encoder.encode_with_poly, [text])  # [1, D], [1, m, D]
