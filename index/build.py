@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -24,43 +24,18 @@ import faiss
 import numpy as np
 from tqdm import tqdm
 
-from app.engine.bundle import best_bundle, read_manifest
-from app.engine.encoder import Encoder
-from app.engine.text import normalize
+from app.core.bundle import RELEASE_BUNDLE, open_bundle
+from app.core.encoder import Encoder
+from app.core.text import normalize
 from index import ann
-from index.store import IndexManifest, IndexStore
+from index.records import Candidate
+from index.store import IndexManifest, IndexStore, Tables
 
 SELF_RETRIEVAL_SAMPLE = 200
 # A stored reply must find itself. A broken index (misaligned rows, wrong
 # vectors) scores near 0; HNSW alone loses a few percent here, as much as its
 # recall@10 target allows (measured: 0.98 on 100k student-encoded replies).
 MIN_SELF_RETRIEVAL = ann.RECALL_TARGET
-
-
-@dataclass(frozen=True)
-class Candidate:
-    reply: str
-    query: str | None = None  # the utterance this reply answered, for query similarity
-    id: str | None = None  # caller-chosen id; defaults to a hash of the normalised pair
-    metadata: dict[str, object] | None = None  # kept in the candidate store, not in the index
-
-    @property
-    def key(self) -> str:
-        return self.id or candidate_id(self.reply, self.query)
-
-
-def candidate_id(reply: str, query: str | None = None) -> str:
-    """Stable id of a (query, reply) record: the same pair uploaded twice is one record."""
-    text = normalize(reply) if query is None else f"{normalize(query)}\x1f{normalize(reply)}"
-    return hashlib.sha1(text.encode()).hexdigest()[:16]
-
-
-@dataclass
-class Tables:
-    reply_ids: list[str]  # [R]
-    reply_texts: list[str]  # [R]
-    query_texts: list[str]  # [Q]
-    query_reply_rows: list[int]  # [Q]
 
 
 def tables(candidates: Sequence[Candidate]) -> Tables:
@@ -70,6 +45,11 @@ def tables(candidates: Sequence[Candidate]) -> Tables:
     t = Tables([], [], [], [])
     seen_queries: set[str] = set()
     for c in candidates:
+        if c.kind == "reaction":
+            t.reaction_ids.append(c.key)
+            t.reaction_texts.append(c.reply)
+            t.reaction_languages.append(c.language or "")
+            continue
         key = normalize(c.reply)
         if key not in reply_row:
             reply_row[key] = len(t.reply_texts)
@@ -93,18 +73,19 @@ class KnownVectors:
     """
 
     reply_rows: dict[str, int]
-    reply_vectors: np.ndarray  # [R', D], memory-mapped
+    reply_vectors: np.ndarray  # [R', D]
     query_rows: dict[str, int]
-    query_vectors: np.ndarray  # [Q', D], memory-mapped
+    query_vectors: np.ndarray  # [Q', D]
 
     @classmethod
-    def load(cls, directory: Path) -> KnownVectors:
-        body = json.loads((directory / "candidates.json").read_text())
+    def load(cls, store: IndexStore, version: str) -> KnownVectors:
+        t = store.tables(version)
+        replies, queries = store.vectors(version)
         return cls(
-            reply_rows={text: i for i, text in enumerate(body["reply_texts"])},
-            reply_vectors=np.load(directory / "reply_vectors.npy", mmap_mode="r"),
-            query_rows={text: i for i, text in enumerate(body["query_texts"])},
-            query_vectors=np.load(directory / "query_vectors.npy", mmap_mode="r"),
+            reply_rows={text: i for i, text in enumerate(t.reply_texts)},
+            reply_vectors=replies,
+            query_rows={text: i for i, text in enumerate(t.query_texts)},
+            query_vectors=queries,
         )
 
     @classmethod
@@ -165,6 +146,24 @@ def self_retrieval(index: faiss.Index, vectors: np.ndarray, seed: int = 0) -> fl
     return float(hit.mean())
 
 
+PROFILE_SAMPLE = 1000
+
+
+def neighbour_profile(index: faiss.Index, vectors: np.ndarray, seed: int = 0) -> dict[str, float]:
+    """Percentiles of the cosine between a stored text and its nearest other stored text.
+
+    For a bundle with no calibration this is what a query-similarity threshold
+    can honestly start from: at the 99th percentile, only a last turn closer to
+    a stored query than nearly all stored queries are to each other answers."""
+    if len(vectors) < 2:
+        return {}
+    rng = np.random.default_rng(seed)
+    rows = rng.choice(len(vectors), size=min(len(vectors), PROFILE_SAMPLE), replace=False)
+    scores, found = index.search(np.ascontiguousarray(vectors[rows]), 2)  # [S, 2]
+    other = np.where(found[:, 0] == rows, scores[:, 1], scores[:, 0])  # [S]: the nearest that is not itself
+    return {f"p{q}": round(float(np.percentile(other, q)), 4) for q in (50, 90, 99)}
+
+
 def build_version(
     candidates: Sequence[Candidate],
     encoder: Encoder,
@@ -185,16 +184,18 @@ def build_version(
         raise ValueError("no candidates with a reply")
     on_progress("encode", 0.0)
     previous = store.latest_for(bundle_checksum) if reuse else None
-    known = KnownVectors.load(store.path(previous)) if previous else None
+    known = KnownVectors.load(store, previous) if previous else None
     reply_vectors, query_vectors, encoded = encode_all(
         encoder, t, known, progress=progress, on_fraction=lambda f: on_progress("encode", f)
     )
     on_progress("index", 0.0)
-    reply_index, reply_report = ann.build(reply_vectors)
+    # Replies are searched with context vectors: the stored queries' (context side) are the
+    # nearest thing to real ones to check the graph's recall with.
+    reply_index, reply_report = ann.build(reply_vectors, "graph", probes=query_vectors)
     query_index, query_report = (
-        ann.build(query_vectors)
+        ann.build(query_vectors, "inverted")
         if len(query_vectors)
-        else (faiss.IndexFlatIP(encoder.dim), ann.AnnReport("flat", 0, 1.0))
+        else (ann.exact(query_vectors), ann.AnnReport("flat", 0, 1.0))
     )
 
     on_progress("validate", 0.0)
@@ -204,6 +205,9 @@ def build_version(
     failed = {k: v for k, v in checks.items() if v < MIN_SELF_RETRIEVAL}
     if failed or reply_index.d != encoder.dim or reply_index.ntotal != len(t.reply_texts):
         raise RuntimeError(f"index validation failed: {checks}, dim {reply_index.d}, rows {reply_index.ntotal}")
+
+    profile = {f"query_neighbour_{k}": v for k, v in neighbour_profile(query_index, query_vectors).items()}
+    reaction_index = ann.exact(encoder.encode(t.reaction_texts, "reply")) if t.reaction_texts else None
 
     on_progress("commit", 0.0)
     created = datetime.now(UTC)
@@ -221,31 +225,20 @@ def build_version(
         ann={"replies": reply_report.to_dict(), "queries": query_report.to_dict()},
         checks=checks,
         encoded=encoded,
+        profile=profile,
     )
     staging = store.stage()
     try:
-        faiss.write_index(reply_index, str(staging / "replies.faiss"))
-        faiss.write_index(query_index, str(staging / "queries.faiss"))
-        np.save(staging / "reply_vectors.npy", reply_vectors)
-        np.save(staging / "query_vectors.npy", query_vectors)
-        body = {
-            "reply_ids": t.reply_ids,
-            "reply_texts": t.reply_texts,
-            "query_texts": t.query_texts,
-            "query_reply_rows": t.query_reply_rows,
-        }
-        (staging / "candidates.json").write_text(json.dumps(body, ensure_ascii=False))
+        store.write(staging, candidates, t, reply_index, query_index, reaction_index)
         store.commit(staging, manifest)
     except BaseException:
-        import shutil
-
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return manifest
 
 
 def corpus_candidates(max_context_turns: int, path: Path | None = None) -> list[Candidate]:
-    from models.data import candidate_records, load_pairs
+    from index.corpus import candidate_records, load_pairs
 
     pairs = load_pairs("train", max_context_turns, path)
     return [Candidate(reply=r.reply, query=r.query) for r in candidate_records(pairs)]
@@ -254,14 +247,12 @@ def corpus_candidates(max_context_turns: int, path: Path | None = None) -> list[
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--artifacts", type=Path, default=Path("artifacts"))
-    parser.add_argument("--bundle", type=Path, help="bundle directory (default: the best under artifacts/bundles)")
+    parser.add_argument("--bundle", type=Path, default=RELEASE_BUNDLE, help="bundle directory (default: the release)")
     parser.add_argument("--if-missing", action="store_true", help="skip if a version for this bundle exists")
     parser.add_argument("--no-reuse", action="store_true", help="encode every text, even ones a version has")
     args = parser.parse_args()
-    bundle_dir = args.bundle or best_bundle(args.artifacts / "bundles")
-    if bundle_dir is None:
-        sys.exit("no model bundle: run `python -m models.export` first")
-    bundle = read_manifest(bundle_dir)
+    bundle_dir = args.bundle
+    bundle = open_bundle(bundle_dir)
     store = IndexStore(args.artifacts / "indexes")
     existing = store.latest_for(bundle.checksum)
     if args.if_missing and existing:

@@ -7,33 +7,28 @@ os.replace), so a reader never sees half an upload.
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import redis
 
-from index.build import Candidate
+from app.core.text import normalize
+from index.records import Candidate, from_json, to_json
 
 REDIS_KEY = "candidates"
 WRITTEN_KEY = "candidates:written"  # set once the store has been written, even if empty since
 CHUNK = 5000  # records per Redis round trip
-
-
-def to_json(c: Candidate) -> str:
-    body: dict[str, object] = {"id": c.key, "reply": c.reply}
-    if c.query:
-        body["query"] = c.query
-    if c.metadata:
-        body["metadata"] = c.metadata
-    return json.dumps(body, ensure_ascii=False)
-
-
-def from_json(raw: str | bytes) -> Candidate:
-    body = json.loads(raw)
-    return Candidate(reply=body["reply"], query=body.get("query"), id=body["id"], metadata=body.get("metadata"))
+# The report key under which an upload hands the reindexer each record's line; not kept in the job.
+RECORD_LINES = "record_lines"
+REPORTED_LINES = 100  # of each kind of duplicate
+DUPLICATE_RULES = {
+    "ids": "same id (or, without ids, the same query and reply) within the upload: the last record wins",
+    "stored_ids": "same id as a stored record: the upload replaces the stored record",
+    "texts": "same reply text (once normalised) as an earlier record of the upload: kept once, the first id wins",
+    "stored_texts": "same reply text (once normalised) as a stored record: kept once, the stored record's id wins",
+}
 
 
 class CandidateStore(Protocol):
@@ -121,16 +116,35 @@ def apply(current: list[Candidate], mode: str, upload: list[Candidate]) -> list[
     return list(by_id.values())
 
 
-def seed_from_index(index_dir: Path) -> list[Candidate]:
-    """The serving version's candidates, for a store that has never been written:
-    appending to an empty store must not drop what is being served."""
-    body = json.loads((index_dir / "candidates.json").read_text())
-    records = []
-    with_query = set()
-    for query, row in zip(body["query_texts"], body["query_reply_rows"], strict=True):
-        records.append(Candidate(reply=body["reply_texts"][row], query=query))
-        with_query.add(row)
-    for row, (rid, reply) in enumerate(zip(body["reply_ids"], body["reply_texts"], strict=True)):
-        if row not in with_query:
-            records.append(Candidate(reply=reply, id=rid))
-    return records
+def duplicates(
+    current: Sequence[Candidate],
+    mode: str,
+    upload: Sequence[Candidate],
+    merged: Sequence[Candidate],
+    lines: Sequence[int] | None = None,
+) -> dict[str, Any]:
+    """What `apply` and the index build (index.build.tables: one row per normalised reply, the first
+    in `merged` order) did with the upload's duplicates, for the job report: per rule, how many upload
+    records and the first of their lines (positions when `lines` is None). Each record counts once, for
+    its id before its text: re-uploading a stored record is one replacement, not also a repeated text."""
+    stored = {c.key for c in current} if mode == "append" else set()
+    last = {c.key: i for i, c in enumerate(upload)}
+    indexed_as: dict[str, str] = {}  # normalised reply -> the id its index row has
+    for c in merged:
+        if c.kind != "reaction":  # reactions are kept one per id, whatever their text
+            indexed_as.setdefault(normalize(c.reply), c.key)
+    found: dict[str, list[int]] = {name: [] for name in DUPLICATE_RULES}
+    for i, c in enumerate(upload):
+        winner = indexed_as.get(normalize(c.reply), c.key) if c.kind != "reaction" else c.key
+        if last[c.key] != i:
+            found["ids"].append(i)
+        elif c.key in stored:
+            found["stored_ids"].append(i)
+        elif winner != c.key:
+            # A stored id comes first in `merged` whatever the upload's order; a new one by first upload.
+            found["stored_texts" if winner in stored else "texts"].append(i)
+    line_of = (lambda i: lines[i]) if lines is not None else (lambda i: i + 1)
+    return {
+        name: {"records": len(found[name]), "lines": [line_of(i) for i in found[name][:REPORTED_LINES]], "rule": rule}
+        for name, rule in DUPLICATE_RULES.items()
+    }

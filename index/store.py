@@ -1,22 +1,30 @@
-"""Versioned index directories on the artifact volume.
+"""Versioned index directories on the artifact volume, and the one place
+that reads or writes a version's files.
 
     indexes/
       CURRENT                  the serving version's name (replaced atomically)
       v20261122T031500-1a2b3c/ one immutable version
-        manifest.json  replies.faiss  queries.faiss  candidates.json
-        reply_vectors.npy  query_vectors.npy
+        manifest.json          what it is: bundle checksum, counts, ANN settings, checks
+        replies.faiss          the stored replies' vectors (8-bit codes) and search structure
+        queries.faiss          the stored queries', likewise
+        candidates.json.gz     reply ids and texts, query texts, query -> reply rows
+        records.jsonl.gz       the candidate records it was built from, whole: a rollback restores them
+        reactions.faiss        the vectors of reactions the upload brought, if any (exact search: a few dozen)
       .staging-*/              a build in progress; removed at the next start
 
 A version is written into a staging directory, fsynced and renamed into place,
-so a reader sees either the whole version or none of it.
+so a reader sees either the whole version or none of it. The vectors live in
+the .faiss files only; the rerank and the next build read them back from there.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,10 +33,31 @@ import faiss
 import numpy as np
 
 from index import ann
+from index.records import Candidate, from_json, to_json
 
 MANIFEST = "manifest.json"
 POINTER = "CURRENT"
 STAGING_PREFIX = ".staging-"
+REPLY_INDEX = "replies.faiss"
+QUERY_INDEX = "queries.faiss"
+REACTION_INDEX = "reactions.faiss"  # only when the upload brought reactions
+# Text compresses about 3:1 and is read once per load: gzip keeps a version of ~100k candidates under 150 MB.
+TABLES = "candidates.json.gz"
+RECORDS = "records.jsonl.gz"
+
+
+@dataclass
+class Tables:
+    """The texts behind the index rows."""
+
+    reply_ids: list[str]  # [R]
+    reply_texts: list[str]  # [R]
+    query_texts: list[str]  # [Q]
+    query_reply_rows: list[int]  # [Q] query row -> the reply row it was paired with
+    # Reactions uploaded with the candidates, by id, text and language; none by default.
+    reaction_ids: list[str] = field(default_factory=list)  # [X]
+    reaction_texts: list[str] = field(default_factory=list)  # [X]
+    reaction_languages: list[str] = field(default_factory=list)  # [X]
 
 
 @dataclass
@@ -44,6 +73,9 @@ class IndexManifest:
     build_seconds: float
     ann: dict[str, dict[str, Any]] = field(default_factory=dict)  # "replies"/"queries" -> AnnReport
     checks: dict[str, float] = field(default_factory=dict)  # validation figures measured before commit
+    # How alike the stored texts are among themselves (`index.build.neighbour_profile`): what
+    # thresholds can start from for a bundle that was never calibrated.
+    profile: dict[str, float] = field(default_factory=dict)
     encoded: int = 0  # texts encoded for this version; the rest were reused from an earlier one
 
     @classmethod
@@ -63,12 +95,18 @@ class IndexVersion:
     reply_texts: list[str]  # [R]
     query_texts: list[str]  # [Q]
     query_reply_rows: np.ndarray  # [Q] int64: query row -> reply row it was paired with
-    # [R, D] float32, memory-mapped: the rerank step reads only its top-k rows.
-    reply_vectors: np.ndarray
+    reaction_ids: list[str] = field(default_factory=list)  # [X] uploaded reactions, if any
+    reaction_texts: list[str] = field(default_factory=list)  # [X]
+    reaction_languages: list[str] = field(default_factory=list)  # [X]
+    reaction_vectors: np.ndarray | None = None  # [X, D] reply-side vectors
 
     @property
     def version(self) -> str:
         return self.manifest.version
+
+    def reply_vectors(self, rows: np.ndarray) -> np.ndarray:
+        """[K, D] the stored replies' vectors at `rows`, read back from the index."""
+        return ann.vectors_of(self.reply_index, rows)
 
 
 def _fsync_tree(directory: Path) -> None:
@@ -143,21 +181,71 @@ class IndexStore:
                     removed.append(p.name)
         return removed
 
+    def write(
+        self,
+        staging: Path,
+        records: Sequence[Candidate],
+        tables: Tables,
+        reply_index: faiss.Index,
+        query_index: faiss.Index,
+        reaction_index: faiss.Index | None = None,
+    ) -> None:
+        """A version's files, into a staging directory (`commit` adds the manifest and moves it into place)."""
+        faiss.write_index(reply_index, str(staging / REPLY_INDEX))
+        faiss.write_index(query_index, str(staging / QUERY_INDEX))
+        if reaction_index is not None:
+            faiss.write_index(reaction_index, str(staging / REACTION_INDEX))
+        with gzip.open(staging / TABLES, "wt", encoding="utf-8", compresslevel=6) as f:
+            json.dump(asdict(tables), f, ensure_ascii=False)
+        with gzip.open(staging / RECORDS, "wt", encoding="utf-8", compresslevel=6) as f:
+            f.writelines(to_json(c) + "\n" for c in records)
+
+    def records(self, version: str) -> list[Candidate]:
+        """The candidate records a version was built from."""
+        path = self.path(version) / RECORDS
+        if path.is_file():
+            with gzip.open(path, "rt", encoding="utf-8") as f:
+                return [from_json(line) for line in f if line.strip()]
+        # A version from before records were kept: rebuilt from its tables, without metadata.
+        t = self.tables(version)
+        rebuilt, paired = [], set()
+        for query, row in zip(t.query_texts, t.query_reply_rows, strict=True):
+            rebuilt.append(Candidate(reply=t.reply_texts[row], query=query))
+            paired.add(row)
+        replies = enumerate(zip(t.reply_ids, t.reply_texts, strict=True))
+        rebuilt += [Candidate(reply=r, id=i) for row, (i, r) in replies if row not in paired]
+        return rebuilt
+
+    def tables(self, version: str) -> Tables:
+        with gzip.open(self.path(version) / TABLES, "rt", encoding="utf-8") as f:
+            return Tables(**json.load(f))
+
+    def vectors(self, version: str) -> tuple[np.ndarray, np.ndarray]:
+        """([R, D] reply vectors, [Q, D] query vectors) of a version, decoded from its indexes."""
+        directory = self.path(version)
+        replies = faiss.read_index(str(directory / REPLY_INDEX))
+        queries = faiss.read_index(str(directory / QUERY_INDEX))
+        return ann.vectors_of(replies), ann.vectors_of(queries)
+
     def load(self, version: str) -> IndexVersion:
         directory = self.path(version)
         manifest = self.manifest(version)
-        candidates = json.loads((directory / "candidates.json").read_text())
-        reply_index = faiss.read_index(str(directory / "replies.faiss"))
-        query_index = faiss.read_index(str(directory / "queries.faiss"))
+        tables = self.tables(version)
+        reply_index = faiss.read_index(str(directory / REPLY_INDEX))
+        query_index = faiss.read_index(str(directory / QUERY_INDEX))
         ann.configure(reply_index, ann.AnnReport(**manifest.ann["replies"]))
         ann.configure(query_index, ann.AnnReport(**manifest.ann["queries"]))
+        reactions = directory / REACTION_INDEX
         return IndexVersion(
             manifest=manifest,
             reply_index=reply_index,
             query_index=query_index,
-            reply_ids=candidates["reply_ids"],
-            reply_texts=candidates["reply_texts"],
-            query_texts=candidates["query_texts"],
-            query_reply_rows=np.asarray(candidates["query_reply_rows"], dtype=np.int64),
-            reply_vectors=np.load(directory / "reply_vectors.npy", mmap_mode="r"),
+            reply_ids=tables.reply_ids,
+            reply_texts=tables.reply_texts,
+            query_texts=tables.query_texts,
+            query_reply_rows=np.asarray(tables.query_reply_rows, dtype=np.int64),
+            reaction_ids=tables.reaction_ids,
+            reaction_texts=tables.reaction_texts,
+            reaction_languages=tables.reaction_languages,
+            reaction_vectors=ann.vectors_of(faiss.read_index(str(reactions))) if reactions.is_file() else None,
         )

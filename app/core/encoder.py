@@ -14,7 +14,7 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
-from app.engine.bundle import ENCODER_FILE, TOKENIZER_FILE, BundleManifest
+from app.core.bundle import ENCODER_FILE, TOKENIZER_FILE, BundleManifest
 
 Side = Literal["context", "reply"]
 
@@ -30,6 +30,17 @@ def _tokenizer(path: Path, max_tokens: int, truncate_from: Literal["left", "righ
     # instead, to their own longest row.
     tokenizer.no_padding()
     return tokenizer
+
+
+def _prefix_length(tokenizer: Tokenizer, prefix: str) -> int:
+    """How many ids every encoding of prefix + text starts with: the start token and the prefix's pieces.
+
+    Not encode(prefix) less its end token: "query: " alone ends in a lone "▁"
+    that real text merges into its first word ("▁hell"), so it is no piece of
+    the prefix. What prefix + "a" and prefix + "b" share is."""
+    a, b = (tokenizer.encode(prefix + x).ids for x in ("a", "b"))
+    shared = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), len(a))
+    return min(shared, len(a) - 1)  # never the end token
 
 
 def _batches(lengths: list[int], max_batch: int) -> list[list[int]]:
@@ -78,6 +89,16 @@ class Encoder:
             "context": _tokenizer(tokenizer_path, manifest.max_context_tokens, truncate_from="left"),
             "reply": _tokenizer(tokenizer_path, manifest.max_reply_tokens, truncate_from="right"),
         }
+        self._context_head = 0
+        if manifest.query_prefix:
+            # Cutting a long context from the left would cut its query prefix first: the
+            # context side is tokenised whole and cut between the prefix and the oldest turn.
+            self._tokenizers["context"] = _tokenizer(tokenizer_path, 1 << 30, truncate_from="left")
+            self._context_head = _prefix_length(self._tokenizers["context"], manifest.query_prefix)
+        normalizer = self._tokenizers["reply"].normalizer
+        # Whether "Hi" and "hi" are one input to the model (MiniLM's WordPiece
+        # lower-cases, XLM-R's SentencePiece does not): what cache keys may fold.
+        self.lowercases = normalizer is not None and normalizer.normalize_str("Hi") == "hi"
 
     @property
     def dim(self) -> int:
@@ -87,20 +108,36 @@ class Encoder:
         """The last `max_context_turns` turns, oldest first, with the turn separator."""
         return self.manifest.turn_separator.join(turns[-self.manifest.max_context_turns :])
 
-    def _run(self, texts: Sequence[str], side: Side, outputs: list[str], max_batch: int) -> list[np.ndarray]:
+    def prefixed(self, texts: Sequence[str], side: Side) -> list[str]:
+        """The texts as the model expects them: a query or passage prefix, if the bundle names one."""
+        prefix = self.manifest.query_prefix if side == "context" else self.manifest.passage_prefix
+        return [prefix + t for t in texts] if prefix else list(texts)
+
+    def tokenize(self, texts: Sequence[str], side: Side) -> list[list[int]]:
+        """Token ids per text, prefixed and truncated as the side requires."""
+        ids = [e.ids for e in self._tokenizers[side].encode_batch(self.prefixed(texts, side))]
+        limit = self.manifest.max_context_tokens
+        if side == "context" and self.manifest.query_prefix:
+            head = self._context_head
+            ids = [row if len(row) <= limit else row[:head] + row[len(row) - (limit - head) :] for row in ids]
+        return ids
+
+    def run_ids(self, token_ids: Sequence[list[int]], outputs: list[str], max_batch: int = 64) -> list[np.ndarray]:
         """Each requested output as float32 with N rows in input order: [N, D] or [N, m, D]."""
-        if not texts:
+        if not token_ids:
             return [np.empty((0, self.dim), dtype=np.float32) for _ in outputs]
-        token_ids = [e.ids for e in self._tokenizers[side].encode_batch(list(texts))]
         results: list[np.ndarray] = []
         for rows in _batches([len(t) for t in token_ids], max_batch):
             ids, mask = _pad([token_ids[i] for i in rows])
             arrays = self.session.run(outputs, {"input_ids": ids, "attention_mask": mask})  # [B, ...] each
             if not results:
-                results = [np.empty((len(texts), *a.shape[1:]), dtype=np.float32) for a in arrays]
+                results = [np.empty((len(token_ids), *a.shape[1:]), dtype=np.float32) for a in arrays]
             for result, batch in zip(results, arrays, strict=True):
                 result[rows] = batch
         return results
+
+    def _run(self, texts: Sequence[str], side: Side, outputs: list[str], max_batch: int) -> list[np.ndarray]:
+        return self.run_ids(self.tokenize(texts, side), outputs, max_batch)
 
     def encode(self, texts: Sequence[str], side: Side, max_batch: int = 64) -> np.ndarray:
         """Returns [len(texts), dim] float32, unit rows."""
@@ -114,10 +151,13 @@ class Encoder:
         return context, poly
 
     def encode_both(self, texts: Sequence[str], max_batch: int = 64) -> tuple[np.ndarray, np.ndarray]:
-        """One pass, both heads: ([N, D] context vectors, [N, D] reply vectors).
+        """Both heads: ([N, D] context vectors, [N, D] reply vectors), for stored
+        single turns, which the index uses both as queries and as replies.
 
-        Tokenised with the reply limit: this is for stored single turns, which
-        the index uses both as replies and as queries.
+        Tokenised with the reply limit. One pass when the two sides see the
+        same text; two when the bundle prefixes queries and passages differently.
         """
+        if self.manifest.query_prefix != self.manifest.passage_prefix:
+            return self.encode(texts, "context", max_batch), self.encode(texts, "reply", max_batch)
         context, reply = self._run(texts, "reply", [OUTPUT_NAMES["context"], OUTPUT_NAMES["reply"]], max_batch)
         return context, reply

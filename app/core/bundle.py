@@ -1,0 +1,224 @@
+"""The model bundle: its layout, its manifest and its integrity. The one module
+that reads or writes a bundle's manifest, for serving, index builds and the
+offline pipeline alike.
+
+    <bundle>/
+      manifest.json   what the files are, their sha256, and everything fitted beside them
+      encoder.onnx    tokens -> unit context/reply vectors (+ m poly vectors with a poly head)
+      tokenizer.json  the model's own tokenizer
+      reactions.npz   the reaction classifier, when the bundle has one
+
+`checksum` covers the payload files only. It is what index versions and
+cache keys pin, so fitting thresholds or recording eval figures later (fields
+outside the files) never invalidates an index built with the bundle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+MANIFEST = "manifest.json"
+ENCODER_FILE = "encoder.onnx"
+TOKENIZER_FILE = "tokenizer.json"
+REACTIONS_FILE = "reactions.npz"
+PAYLOAD_FILES = (ENCODER_FILE, TOKENIZER_FILE, REACTIONS_FILE)
+FORMAT_VERSION = 2
+# The release bundle tracked in git (`make release` promotes into it), found
+# from the source tree so that any working directory serves it.
+RELEASE_BUNDLE = Path(__file__).resolve().parents[2] / "models" / "release" / "chitchat-en"
+
+
+class BundleError(ValueError):
+    """A bundle that must not be served: missing files, or files that do not match the manifest."""
+
+
+@dataclass
+class Thresholds:
+    # Cosine between the last utterance and a stored query at or above which
+    # the stored query's reply is served. Calibration fits it on validation
+    # data; this untrained default is low on purpose: zero-shot reply matching
+    # tends to return paraphrases of the context ("what do you do for a
+    # living?" -> "What kind of work do you do?"), while a stored query at
+    # 0.7-0.8 ("what do you do for work?") still carries a real answer.
+    query_similarity: float = 0.7
+    # Confidence (0..1, `ConfidenceSpec`) at or above which reply matching
+    # answers rather than a reaction. -1 accepts every answer: the default for
+    # a bundle with no confidence model or no reactions to fall back to.
+    reply_matching: float = -1.0
+
+
+@dataclass
+class PolySpec:
+    """A poly-encoder head: the context graph also outputs `codes` vectors."""
+
+    codes: int  # m
+    # Reranked score = (1 - weight) * bi-encoder cosine + weight * poly cosine:
+    # both are cosines, so thresholds stay on one scale with or without rerank.
+    weight: float
+
+
+@dataclass
+class ReactionSpec:
+    """A linear classifier over the context vector; weights in REACTIONS_FILE."""
+
+    labels: list[str]  # the text served for each class
+    coverage: float  # share of train replies that fall in one of these classes
+    language: str = "en"  # BCP 47; a conversation in another language gets no reaction from this set
+
+
+@dataclass
+class ConfidenceSpec:
+    """Logistic regression over features of reply matching's hits: the
+    probability that its top reply is acceptable (`models/confidence.py`)."""
+
+    features: list[str]  # names, computed by `app.engine.confidence.features`
+    mean: list[float]  # per feature: standardisation fitted on validation turns
+    scale: list[float]
+    weight: list[float]
+    bias: float
+    # Confidence at each percentile 0..100 of the validation turns: a reaction
+    # share s becomes the threshold quantiles[round(100 s)].
+    quantiles: list[float]
+    auroc: float  # on the validation turns it was fitted on; test figures are in the eval report
+
+
+@dataclass
+class BundleManifest:
+    name: str
+    model_id: str
+    kind: str  # "zero-shot", "teacher", "student", "tiny": what produced the weights
+    dim: int
+    num_layers: int
+    max_context_tokens: int
+    max_reply_tokens: int
+    max_context_turns: int
+    turn_separator: str
+    quantization: str  # "int8-dynamic..." or "none"
+    files: dict[str, str]  # file name -> sha256
+    checksum: str  # sha256 over `files`, what index versions and cache keys pin
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    poly: PolySpec | None = None
+    reactions: ReactionSpec | None = None
+    confidence: ConfidenceSpec | None = None
+    # How the thresholds were fitted: objective, data, figures at the optimum.
+    calibration: dict[str, Any] = field(default_factory=dict)
+    parity: dict[str, float] = field(default_factory=dict)
+    eval: dict[str, Any] = field(default_factory=dict)  # released figures, e.g. {"r_at_1": 0.39}
+    # False for bundles kept only for evaluation (fp32 copies, the teacher).
+    servable: bool = True
+    # Configuration, per-stage steps/seconds/loss, hardware, total time.
+    training: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)  # corpus, split rule and the split's hash
+    release: dict[str, Any] = field(default_factory=dict)  # gates and their figures, once released
+    # Text the encoder puts before what it encodes (E5: "query: ", "passage: "):
+    # the query prefix on contexts and stored queries, the passage prefix on
+    # stored replies. Callers never add them.
+    query_prefix: str = ""
+    passage_prefix: str = ""
+    language: str = "en"  # BCP 47, or "mul" for a multilingual encoder
+    created_at: str = ""
+    format_version: int = FORMAT_VERSION
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> BundleManifest:
+        raw = dict(raw)
+        known = set(Thresholds.__dataclass_fields__)
+        raw["thresholds"] = Thresholds(**{k: v for k, v in raw.get("thresholds", {}).items() if k in known})
+        for name, spec in (("poly", PolySpec), ("reactions", ReactionSpec), ("confidence", ConfidenceSpec)):
+            if raw.get(name) is not None:
+                fields = set(spec.__dataclass_fields__)
+                raw[name] = spec(**{k: v for k, v in raw[name].items() if k in fields})
+        # A manifest written by a newer version may carry fields this one does not know.
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in raw.items() if k in known})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def combined_checksum(files: dict[str, str]) -> str:
+    joined = "\n".join(f"{name}:{digest}" for name, digest in sorted(files.items()))
+    return hashlib.sha256(joined.encode()).hexdigest()
+
+
+def read_manifest(bundle_dir: Path) -> BundleManifest:
+    path = bundle_dir / MANIFEST
+    if not path.is_file():
+        raise BundleError(f"{bundle_dir}: no {MANIFEST}")
+    return BundleManifest.from_dict(json.loads(path.read_text()))
+
+
+def write_manifest(bundle_dir: Path, manifest: BundleManifest) -> None:
+    """Atomic: a reader sees the old manifest or the new one, never half of one."""
+    tmp = bundle_dir / f".{MANIFEST}.{os.getpid()}"
+    tmp.write_text(json.dumps(manifest.to_dict(), indent=2, ensure_ascii=False) + "\n")
+    os.replace(tmp, bundle_dir / MANIFEST)
+
+
+def seal(bundle_dir: Path, manifest: BundleManifest) -> BundleManifest:
+    """The manifest with `files` and `checksum` computed from the payload files present."""
+    files = {name: sha256_file(bundle_dir / name) for name in PAYLOAD_FILES if (bundle_dir / name).is_file()}
+    return replace(manifest, files=files, checksum=combined_checksum(files))
+
+
+def verify(bundle_dir: Path, manifest: BundleManifest) -> None:
+    """Refuse a bundle whose files do not match its manifest: a torn copy, an
+    edited file, or a manifest whose checksum does not cover its own files."""
+    if manifest.format_version > FORMAT_VERSION:
+        raise BundleError(f"{bundle_dir}: format {manifest.format_version}; this version reads up to {FORMAT_VERSION}")
+    for name in (ENCODER_FILE, TOKENIZER_FILE):
+        if name not in manifest.files:
+            raise BundleError(f"{bundle_dir}: the manifest lists no {name}")
+    for name, expected in manifest.files.items():
+        path = bundle_dir / name
+        if not path.is_file():
+            raise BundleError(f"{path}: missing")
+        actual = sha256_file(path)
+        if actual != expected:
+            raise BundleError(f"{path}: sha256 {actual[:12]} != manifest {expected[:12]}")
+    if combined_checksum(manifest.files) != manifest.checksum:
+        raise BundleError(f"{bundle_dir}: checksum does not match the listed files")
+
+
+def open_bundle(bundle_dir: Path) -> BundleManifest:
+    """The manifest of a bundle whose files check out; raises BundleError otherwise."""
+    manifest = read_manifest(bundle_dir)
+    verify(bundle_dir, manifest)
+    return manifest
+
+
+# Fields fitted or measured after export. Changing them leaves the files, and
+# so the checksum and every index built with the bundle, valid.
+MUTABLE_FIELDS = frozenset({"thresholds", "confidence", "calibration", "eval", "release", "servable"})
+
+
+def update_manifest(bundle_dir: Path, **changes: Any) -> BundleManifest:
+    """Rewrites fields outside the payload; refuses any that would change what the checksum covers."""
+    frozen = set(changes) - MUTABLE_FIELDS
+    if frozen:
+        raise ValueError(f"cannot change {sorted(frozen)} after export; export a new bundle")
+    manifest = replace(read_manifest(bundle_dir), **changes)
+    write_manifest(bundle_dir, manifest)
+    return manifest
+
+
+def list_bundles(bundles_root: Path) -> list[tuple[Path, BundleManifest]]:
+    found = []
+    if bundles_root.is_dir():
+        for child in sorted(bundles_root.iterdir()):
+            if (child / MANIFEST).is_file():
+                found.append((child, read_manifest(child)))
+    return found

@@ -1,0 +1,128 @@
+"""Text normalisation shared by the index build, the caches and the sessions,
+and the echo check that keeps a user's own words from coming back as a reply.
+
+One function for the key, so a cache key computed at serving time matches the
+key the index build deduplicated on.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+
+_WHITESPACE = re.compile(r"\s+")
+_WORDS = re.compile(r"\w+")
+
+# Near-copy bars, set between the cases in tests/test_text.py: "i'm from utah,
+# you?" against "I am from Utah. You?" (words 0.67, trigrams 0.72) is a copy;
+# "do you like dogs?" against "do you like cats?" (0.60, 0.56) is not.
+MIN_WORDS_FOR_FUZZY = 3  # "hi" and "hi there" are different replies; only identical short lines are copies
+WORD_JACCARD = 0.65
+TRIGRAM_JACCARD = 0.7
+
+
+# Hangul compatibility jamo and their halfwidth forms are words of their own in
+# Korean chat ("ㅋㅋ", "ㅠㅠ", "ㅇㅋ"). NFKC maps them to conjoining jamo, which then
+# compose into syllables that were never typed: "ㅋㅠㅠ" -> "큐ᅲ".
+_KEPT_JAMO = re.compile("([\u3130-\u318f\uffa0-\uffdc]+)")
+
+
+def normalize(text: str, lowercase: bool = True) -> str:
+    """NFKC, lower case, whitespace collapsed: 'Hi  there!' -> 'hi there!'.
+
+    NFKC folds full-width letters and ligatures, and composes conjoining
+    Hangul jamo into syllables, so the same Korean word typed on two keyboards
+    gets one key. Runs of compatibility jamo ("ㅋㅋ") are left as typed.
+    `lowercase=False` keeps the case, for keys of a cased model's inputs."""
+    runs = _KEPT_JAMO.split(text)  # odd positions: the jamo runs
+    text = "".join(run if i % 2 else unicodedata.normalize("NFKC", run) for i, run in enumerate(runs))
+    return _WHITESPACE.sub(" ", text.lower() if lowercase else text).strip()
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What the echo check compares: the words, and character trigrams for typos."""
+
+    words: tuple[str, ...]
+    trigrams: frozenset[str]
+
+    @classmethod
+    def of(cls, text: str) -> Signature:
+        words = tuple(_WORDS.findall(normalize(text)))
+        joined = " ".join(words)
+        return cls(words, frozenset(joined[i : i + 3] for i in range(max(0, len(joined) - 2))))
+
+
+def _jaccard(a: frozenset[str] | set[str], b: frozenset[str] | set[str]) -> float:
+    return len(a & b) / len(a | b) if a or b else 1.0
+
+
+def near_copy(a: Signature, b: Signature) -> bool:
+    """The same line up to case, punctuation, a word or two, or a typo."""
+    if a.words == b.words:
+        return True
+    if min(len(a.words), len(b.words)) < MIN_WORDS_FOR_FUZZY:
+        return False
+    return _jaccard(set(a.words), set(b.words)) >= WORD_JACCARD or _jaccard(a.trigrams, b.trigrams) >= TRIGRAM_JACCARD
+
+
+# The writing system each reaction language is written in. Scripts, not
+# languages, are what a character tells apart: a Latin-script reaction set
+# answers any Latin-script conversation (English, Spanish, ...).
+SCRIPT_OF_LANGUAGE = {
+    "en": "Latin",
+    "es": "Latin",
+    "fr": "Latin",
+    "de": "Latin",
+    "it": "Latin",
+    "pt": "Latin",
+    "nl": "Latin",
+    "ko": "Hangul",
+    "ja": "Japanese",
+    "zh": "Han",
+    "ru": "Cyrillic",
+    "uk": "Cyrillic",
+    "ar": "Arabic",
+    "he": "Hebrew",
+    "th": "Thai",
+    "hi": "Devanagari",
+    "el": "Greek",
+}
+_SCRIPT_RANGES = (
+    ("Hangul", ((0xAC00, 0xD7A3), (0x1100, 0x11FF), (0x3130, 0x318F), (0xFFA0, 0xFFDC))),
+    ("Japanese", ((0x3040, 0x30FF),)),  # kana: with it, Han characters are Japanese too
+    ("Han", ((0x4E00, 0x9FFF), (0x3400, 0x4DBF))),
+    ("Cyrillic", ((0x0400, 0x04FF),)),
+    ("Arabic", ((0x0600, 0x06FF),)),
+    ("Hebrew", ((0x0590, 0x05FF),)),
+    ("Thai", ((0x0E00, 0x0E7F),)),
+    ("Devanagari", ((0x0900, 0x097F),)),
+    ("Greek", ((0x0370, 0x03FF),)),
+)
+
+
+def script_of(texts: list[str]) -> str | None:
+    """The writing system most letters of these texts are in, or None without letters."""
+    counts: dict[str, int] = {}
+    for text in texts:
+        for c in text:
+            if not c.isalpha():
+                continue
+            code = ord(c)
+            script = next(
+                (name for name, ranges in _SCRIPT_RANGES if any(lo <= code <= hi for lo, hi in ranges)),
+                "Latin" if code < 0x0250 or 0x1E00 <= code <= 0x1EFF else "Other",
+            )
+            counts[script] = counts.get(script, 0) + 1
+    if not counts:
+        return None
+    if "Japanese" in counts:  # kanji with kana is Japanese, not Chinese
+        counts["Japanese"] += counts.pop("Han", 0)
+    return max(counts, key=lambda name: counts[name])
+
+
+def echoes(candidate: str, turns: list[Signature]) -> bool:
+    """Whether a candidate reply is a near copy of any of these conversation turns."""
+    signature = Signature.of(candidate)
+    return any(near_copy(signature, turn) for turn in turns)
