@@ -1,28 +1,29 @@
-"""Fits the thresholds of the strategy walk on the validation split.
+"""Fits the confidence model and the thresholds of the strategy walk on the validation split.
 
-    python -m models.calibrate [--bundle DIR]   # default: the bundle the service would serve
+    python -m models.calibrate --bundle DIR [--reaction-share 0.10]
 
-Objective (see `models/walk.py`), over held-out validation turns: the mean
-judge cosine between the answer `/reply` would give and the reply the person
-actually sent, less `off_topic_cost` for every retrieved answer that is off
-topic. By default an off-topic answer costs what an average retrieved answer
-gains over an off-topic one (`WalkFeatures.lift_over_chance`): one bad reply
-undoes one ordinary good one. How much off-topic risk to trade for generic
-replies is a product call; `--off-topic-cost` makes it, and the manifest
-records, for a range of costs, the share each would give reactions.
+1. Every validation turn is answered by all three strategies with the serving
+   code (`models/walk.py`), and each answer is judged against the reply the
+   person sent.
+2. The confidence model (`models/confidence.py`) learns, from features of
+   reply matching's hits, whether its top reply is acceptable.
+3. Reply matching's threshold is the product call: the least confident
+   `reaction_share` of turns (10% by default) go to reactions. The manifest
+   keeps the confidence quantiles, so the service turns any share
+   (`CHITCHAT_REACTION_SHARE`) into a threshold without refitting.
+4. Query similarity's threshold is fitted: on a grid of its score quantiles,
+   the one with the best mean judge cosine, less `off_topic_cost` for each
+   off-topic retrieved answer (a reaction commits to no topic and pays
+   nothing). By default an off-topic answer costs what an average retrieved
+   answer gains over an off-topic one: one bad reply undoes one good one.
 
-Query similarity answers when its cosine reaches `query_similarity`;
-otherwise reply matching answers when its score reaches `reply_matching`;
-otherwise a reaction does. Every pair of thresholds on a grid of score
-quantiles is tried and the best one is written, with the figures behind it,
-into the bundle's manifest. The encoder files and the checksum do not
-change, so the index built for the bundle stays valid.
+The thresholds and the figures behind them go into the bundle's manifest;
+the encoder files and the checksum do not change, so the index stays valid.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -31,96 +32,86 @@ from typing import Any
 import numpy as np
 
 from app.config import Settings
-from app.engine.bundle import MANIFEST, Thresholds, read_manifest
-from app.engine.encoder import Encoder
+from app.core.bundle import Thresholds, open_bundle, update_manifest
+from app.core.encoder import Encoder
+from app.engine.confidence import ConfidenceModel
 from app.engine.runtime import load_serving
 from index.store import IndexStore
-from models.evaluate import eval_set
+from models import confidence as fitting
+from models.evalset import eval_set
 from models.walk import SOURCES, WalkFeatures, replay, shares, source_utility, sources, utility
 
 OBJECTIVE = (
     "mean judge cosine between the served answer and the true next turn, less off_topic_cost for each "
     "retrieved answer below off_topic_below (validation split)"
 )
-COST_SWEEP = (0.0, 0.5, 1.0, 2.0, 4.0)  # multiples of the default cost whose reaction share is recorded
+DEFAULT_REACTION_SHARE = 0.10
 NEVER, ALWAYS = 1.01, -1.0  # thresholds no cosine reaches / every cosine reaches
 
 
-def _grid(scores: np.ndarray, extra: float) -> np.ndarray:
-    return np.unique(np.round(np.append(np.quantile(scores, np.linspace(0, 1, 101)), extra), 4))
+def fit_query_threshold(f: WalkFeatures, replies: np.ndarray, off_topic_cost: float) -> tuple[float, float]:
+    """(mean utility, threshold) of the best query-similarity threshold on a quantile grid.
 
-
-def _best(f: WalkFeatures, off_topic_cost: float) -> tuple[float, Thresholds]:
-    """The grid point with the highest mean utility; ties go to the lowest thresholds."""
+    replies: [N] whether reply matching (rather than a reaction) takes a turn that query similarity leaves."""
     by_source = {s: source_utility(f, s, off_topic_cost) for s in SOURCES}  # [N] each
-    if not f.has_reactions:
-        by_source["reaction"] = by_source["reply_matching"]  # sources() never picks a reaction then
-    reply_grid = _grid(f.reply_score, ALWAYS) if f.has_reactions else np.array([ALWAYS])
-    reaches = (f.reply_score[None, :] >= reply_grid[:, None]).astype(np.float64)  # [R, N]
-    gain = by_source["reply_matching"] - by_source["reaction"]  # [N] reply matching's gain where it answers
-    best: tuple[float, Thresholds] | None = None
-    for tq in _grid(f.query_score, NEVER):
-        by_query = f.query_score >= tq  # [N]
-        base = by_source["query_similarity"][by_query].sum() + by_source["reaction"][~by_query].sum()
-        totals = base + reaches @ np.where(by_query, 0.0, gain)  # [R]
-        i = int(np.argmax(totals))
-        value = float(totals[i]) / len(gain)
-        if best is None or value > best[0]:
-            best = (value, Thresholds(query_similarity=float(tq), reply_matching=float(reply_grid[i])))
-    assert best is not None
-    return best
+    rest = np.where(replies, by_source["reply_matching"], by_source["reaction"])  # [N]
+    grid = np.unique(np.round(np.append(np.quantile(f.query_score, np.linspace(0, 1, 101)), NEVER), 4))
+    values = [float(np.where(f.query_score >= t, by_source["query_similarity"], rest).mean()) for t in grid]
+    best = int(np.argmax(values))  # the first, lowest threshold on a tie
+    return values[best], float(grid[best])
 
 
-def fit(f: WalkFeatures, off_topic_cost: float | None = None) -> tuple[Thresholds, dict[str, Any]]:
-    """The best thresholds under `off_topic_cost` (default: f.lift_over_chance) and the figures behind them."""
-    default_cost = max(0.0, f.lift_over_chance)
-    cost = default_cost if off_topic_cost is None else off_topic_cost
-    value, thresholds = _best(f, cost)
-    baselines = {
-        "reply_matching_only": Thresholds(NEVER, ALWAYS),
-        "query_similarity_then_reply_matching": Thresholds(thresholds.query_similarity, ALWAYS),
-    }
-    chosen = sources(f, thresholds)  # [N]
+def fit(
+    f: WalkFeatures, reaction_share: float = DEFAULT_REACTION_SHARE, off_topic_cost: float | None = None
+) -> tuple[Thresholds, Any, dict[str, Any]]:
+    """Thresholds, the confidence spec, and the figures behind them."""
+    names = list(f.reply_features)
+    spec = fitting.fit(f.matrix(names), f.acceptable, names)
+    model = ConfidenceModel(spec)
+    confidence = f.confidence(model)  # [N]
+    reply_threshold = model.threshold_for_share(reaction_share) if f.has_reactions else ALWAYS
+    replies = (confidence >= reply_threshold) | (not f.has_reactions)  # [N]
+    cost = max(0.0, f.lift_over_chance) if off_topic_cost is None else off_topic_cost
+    value, query_threshold = fit_query_threshold(f, replies, cost)
+    thresholds = Thresholds(query_similarity=query_threshold, reply_matching=round(reply_threshold, 6))
+    chosen = sources(f, thresholds, confidence)  # [N]
     figures: dict[str, Any] = {
         "objective": OBJECTIVE,
+        "reaction_share": reaction_share,
         "off_topic_cost": round(cost, 4),
         "off_topic_below": round(f.off_topic_below, 4),
         "value": round(value, 4),
         "mean_judge_cosine": round(float(utility(f, chosen).mean()), 4),
         "shares": shares(chosen),
-        "baselines": {k: round(float(utility(f, sources(f, t), cost).mean()), 4) for k, t in baselines.items()},
+        "acceptable": round(float(f.acceptable.mean()), 4),
+        "confidence_auroc": spec.auroc,
+        "baselines": {
+            "reply_matching_only": round(float(utility(f, sources(f, Thresholds(NEVER, ALWAYS)), cost).mean()), 4),
+        },
     }
-    if f.has_reactions:
-        figures["reaction_share_by_cost"] = [
-            {"cost": round(default_cost * m, 4), "share": shares(sources(f, _best(f, default_cost * m)[1]))["reaction"]}
-            for m in COST_SWEEP
-        ]
-    return thresholds, figures
+    return thresholds, spec, figures
 
 
 def calibrate(
     artifacts: Path,
+    bundle_dir: Path,
     judge_dir: Path,
     examples: int,
     seed: int,
     data_path: Path | None = None,
-    bundle_dir: Path | None = None,
+    reaction_share: float = DEFAULT_REACTION_SHARE,
     off_topic_cost: float | None = None,
 ) -> dict[str, Any]:
-    """Fits and writes the thresholds of `bundle_dir`, or of the bundle the service would pick."""
+    """Fits and writes the thresholds and the confidence model of `bundle_dir`."""
     started = time.perf_counter()
     settings = Settings(artifacts_dir=artifacts, bundle_dir=bundle_dir)
     serving = load_serving(settings, IndexStore(settings.indexes_root))
     data = eval_set(examples, seed, "validation", data_path)
-    judge = Encoder(judge_dir, read_manifest(judge_dir))
+    judge = Encoder(judge_dir, open_bundle(judge_dir))
     features = replay(serving, judge, data.contexts, data.replies, settings.rerank_depth)
-    thresholds, figures = fit(features, off_topic_cost)
-    figures.update({"examples": len(data.replies), "seed": seed, "judge": read_manifest(judge_dir).name})
-    path = serving.bundle_dir / MANIFEST
-    manifest = json.loads(path.read_text())
-    manifest["thresholds"] = asdict(thresholds)
-    manifest["calibration"] = figures
-    path.write_text(json.dumps(manifest, indent=2) + "\n")
+    thresholds, spec, figures = fit(features, reaction_share, off_topic_cost)
+    figures.update({"examples": len(data.replies), "seed": seed, "judge": judge.manifest.name})
+    update_manifest(bundle_dir, thresholds=thresholds, confidence=spec, calibration=figures)
     print(f"[calibrate] {serving.bundle.name}: {asdict(thresholds)} {figures} ({time.perf_counter() - started:.0f}s)")
     return {"bundle": serving.bundle.name, "thresholds": asdict(thresholds), **figures}
 
@@ -128,14 +119,21 @@ def calibrate(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--artifacts", type=Path, default=Path("artifacts"))
-    parser.add_argument("--bundle", type=Path, help="bundle directory (default: the one the service would serve)")
+    parser.add_argument("--bundle", type=Path, required=True, help="bundle directory, with an index built")
     parser.add_argument("--judge", type=Path, default=Path("artifacts/bundles/minilm-l6-zeroshot-int8"))
     parser.add_argument("--examples", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=1)  # not the test set's seed 0, though the splits differ anyway
+    parser.add_argument("--reaction-share", type=float, default=DEFAULT_REACTION_SHARE)
     parser.add_argument("--off-topic-cost", type=float, help="judge-cosine cost of an off-topic retrieved answer")
     args = parser.parse_args()
     calibrate(
-        args.artifacts, args.judge, args.examples, args.seed, bundle_dir=args.bundle, off_topic_cost=args.off_topic_cost
+        args.artifacts,
+        args.bundle,
+        args.judge,
+        args.examples,
+        args.seed,
+        reaction_share=args.reaction_share,
+        off_topic_cost=args.off_topic_cost,
     )
 
 

@@ -18,20 +18,15 @@ def in_batch_negatives(context: torch.Tensor, reply: torch.Tensor, scale: float)
     return F.cross_entropy(scores, labels)
 
 
-def score_distillation(
-    student_context: torch.Tensor,
-    student_reply: torch.Tensor,
-    teacher_context: torch.Tensor,
-    teacher_reply: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
+def score_distillation(student_scores: torch.Tensor, teacher_scores: torch.Tensor, scale: float) -> torch.Tensor:
     """KL from the teacher's in-batch score distribution to the student's.
 
-    All [B, D] unit vectors. Matching the whole [B, B] distribution passes on
-    which negatives the teacher finds close, not only which reply is right.
+    Both [B, B] cosines of every context against every reply in the batch.
+    Matching the whole distribution passes on which negatives the teacher
+    finds close, not only which reply is right.
     """
-    student = F.log_softmax(scale * student_context @ student_reply.T, dim=-1)  # [B, B]
-    teacher = F.log_softmax(scale * teacher_context @ teacher_reply.T, dim=-1)  # [B, B]
+    student = F.log_softmax(scale * student_scores, dim=-1)  # [B, B]
+    teacher = F.log_softmax(scale * teacher_scores, dim=-1)  # [B, B]
     return F.kl_div(student, teacher, log_target=True, reduction="batchmean")
 
 

@@ -1,309 +1,108 @@
-"""Teacher fine-tune -> 3-layer student distillation -> int8 bundles.
+"""Teacher -> teacher vectors -> student with poly head -> reactions -> bundles.
 
-    python -m models.train --profile quick    # <= 5 min on 2 cores
-    python -m models.train --profile full     # <= 60 min on 2 cores
+    python -m models.train --profile full     # the release run: ~2 h on 2 CPU cores
+    python -m models.train --profile quick    # a smoke run on the real corpus, minutes
+    python -m models.train --device cuda      # same stages, same bundles, on a GPU
 
-Designed for a 2-core CPU, where a full fine-tune step costs ~100 ms per pair:
-every stage runs to a wall-clock budget (and a step cap), with the learning
-rate decaying linearly in elapsed time, so a profile finishes on time on a
-slower machine and simply trains less.
+Each stage is a file of its own: `teacher.py`, `teacher_vectors.py`,
+`distill.py` (student and poly head), `reactions.py`, `export.py`. Stages run
+a fixed number of steps from a fixed seed. Progress is checkpointed under
+artifacts/checkpoints/<profile>/: rerunning the command skips finished
+stages and resumes the one in progress where it stopped. `--restart`
+starts over.
 
-1. teacher: all-MiniLM-L6-v2 plus residual context/reply heads, tuned on
-   (3-turn context joined with [SEP], next turn) pairs from the train split
-   with in-batch negatives (ConveRT, Dialog-BERT).
-2. student: 3 layers copied from alternate teacher layers, distilled on
-   unlabelled corpus text (its vectors pulled to the teacher's), then tuned on
-   pairs with in-batch negatives plus the teacher's score distribution
-   (multi-task distillation, Dialog-BERT; Small-BERT).
-3. poly head: m codes over the frozen student's token outputs, trained on
-   cached features with in-batch negatives, kept at its best validation
-   R@1 after rerank; m is chosen the same way (Humeau et al.).
-4. reactions: frequent short replies mined from the train split; a linear
-   classifier over the student's context vector (Dialog-BERT's third task).
-5. export: teacher and student, fp32 and int8, each parity-checked; the
-   student's bundles carry the poly head and the reaction classifier.
-
-`--from-checkpoints` starts at stage 3 from the torch weights stage 2 saved.
+After this, `make train` builds the student's index, calibrates it
+(`models/calibrate.py`) and evaluates every bundle (`models/evaluate.py`);
+`make release` promotes the student if its figures pass the gates.
 """
 
 from __future__ import annotations
 
 import argparse
-import random
+import json
+import os
+import platform
+import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
-import numpy as np
 import torch
-from tqdm import tqdm
 
-from app.engine.bundle import TOKENIZER_FILE, PolySpec, ReactionSpec
-from app.engine.text import normalize
-from models import poly
+from app.core.bundle import TOKENIZER_FILE, PolySpec
+from index.corpus import split_summary
+from models import teacher_vectors
 from models.batches import Tokenise
-from models.data import MAX_CANDIDATE_CHARS, Pair, load_conversations, load_pairs
+from models.config import PROFILES, TrainConfig
+from models.dataset import TURN_SEPARATOR, train_pairs
+from models.distill import make_student, rows_seen, student_plan, train_student
 from models.encoder import DualEncoder, load_pretrained, minilm_path
-from models.evaluate import eval_set
+from models.evalset import eval_set
 from models.export import ExportConfig, export_bundle, parity_sample
-from models.losses import embedding_distillation, in_batch_negatives, score_distillation
-from models.reactions import ReactionModel, mine, train_classifier
-from models.student import student_from
+from models.reactions import train_reactions
+from models.teacher import train_teacher
+from models.validate import validate
 
-
-@dataclass
-class TrainConfig:
-    profile: str
-    teacher_budget_s: float
-    distill_budget_s: float
-    student_budget_s: float
-    max_steps: int = 100_000  # budgets, not step counts, end the full profile
-    batch_size: int = 64  # in-batch negatives: 63 per pair; larger batches cost linearly on CPU
-    teacher_lr: float = 3e-5  # measured here: 3e-5 for 100 steps lifted R@1 0.32 -> 0.39
-    student_lr: float = 1e-4  # a 3-layer student starts further from its optimum
-    head_lr: float = 1e-3  # zero-initialised residual heads move faster than the body
-    warmup_fraction: float = 0.05
-    scale: float = 20.0  # cosine -> logit scale, as sentence-transformers' MNRL
-    distill_weight: float = 1.0  # score-distillation term, next to in-batch negatives
-    max_context_tokens: int = 64  # training truncation; 3 turns median ~50 tokens
-    max_reply_tokens: int = 48  # replies are mostly short; the tail is truncated in training only
-    max_context_turns: int = 3
-    student_layers: tuple[int, ...] = (1, 3, 5)  # alternate layers, keeping the last
-    poly_pairs: int = 30_000  # cached token outputs: 30k x 64 x 384 in fp16 is 1.5 GB
-    poly_codes: tuple[int, ...] = (16, 64)  # m candidates, chosen by validation R@1 after rerank
-    poly_budget_s: float = 150  # per candidate m
-    rerank_depth: int = 50  # what serving reranks (Settings.rerank_depth)
-    validation_examples: int = 1000  # 1-of-100 on the validation split, to choose m
-    seed: int = 0
-    threads: int = 0  # 0: torch's default, one per core
-
-
-PROFILES = {
-    "quick": TrainConfig(
-        "quick",
-        teacher_budget_s=75,
-        distill_budget_s=45,
-        student_budget_s=45,
-        poly_pairs=3000,
-        poly_budget_s=10,
-        validation_examples=300,
-    ),
-    "full": TrainConfig("full", teacher_budget_s=1350, distill_budget_s=540, student_budget_s=960),
-}
+STATE_FILE = "state.json"
 
 
 def log(message: str) -> None:
     print(f"[train] {message}", file=sys.stderr, flush=True)
 
 
-def train_pairs(pairs: list[Pair]) -> list[tuple[str, str]]:
-    """Pairs usable for response selection: replies within the candidate cap."""
-    return [(" [SEP] ".join(p.context), p.reply) for p in pairs if len(p.reply) <= MAX_CANDIDATE_CHARS]
+def cpu_name() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    for line in cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
 
 
-def batches(items: list[tuple[str, str]], size: int, rng: random.Random) -> Iterator[list[tuple[str, str]]]:
-    """Endless shuffled batches with no repeated reply inside a batch: a
-    duplicate reply would be a false negative for its twin."""
-    while True:
-        order = items[:]
-        rng.shuffle(order)
-        batch: list[tuple[str, str]] = []
-        seen: set[str] = set()
-        for item in order:
-            key = normalize(item[1])
-            if key in seen:
-                continue
-            batch.append(item)
-            seen.add(key)
-            if len(batch) == size:
-                yield batch
-                batch, seen = [], set()
+def hardware(device: str) -> dict[str, Any]:
+    info: dict[str, Any] = {"device": device, "cpu": cpu_name(), "cores": os.cpu_count()}
+    info["torch_threads"] = torch.get_num_threads()
+    if device.startswith("cuda") and torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
 
 
-def optimiser(model: DualEncoder, body_lr: float, head_lr: float) -> torch.optim.Optimizer:
-    heads = [p for h in (model.context_head, model.reply_head) if h is not None for p in h.parameters()]
-    head_ids = {id(p) for p in heads}
-    body = [p for p in model.parameters() if id(p) not in head_ids]
-    groups = [{"params": body, "lr": body_lr}, {"params": heads, "lr": head_lr}]
-    return torch.optim.AdamW(groups, weight_decay=0.01)
+class Progress:
+    """Which stages are done, and their figures, in checkpoints/<profile>/state.json."""
 
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.path = directory / STATE_FILE
+        self.stages: dict[str, dict[str, Any]] = json.loads(self.path.read_text()) if self.path.is_file() else {}
 
-def run_budgeted(
-    name: str,
-    budget_s: float,
-    max_steps: int,
-    optimizer: torch.optim.Optimizer,
-    warmup_fraction: float,
-    batch_loss: Callable[[], torch.Tensor],
-) -> dict[str, float]:
-    """Optimises batch_loss() until the budget or max_steps; LR warms up, then decays linearly in time."""
-    base = [g["lr"] for g in optimizer.param_groups]
-    started = time.perf_counter()
-    losses: list[float] = []
-    bar = tqdm(total=round(budget_s), desc=name, unit="s", file=sys.stderr)
-    while len(losses) < max_steps:
-        elapsed = time.perf_counter() - started
-        if elapsed >= budget_s:
-            break
-        progress = elapsed / budget_s
-        factor = min(1.0, progress / warmup_fraction) if progress < warmup_fraction else 1.0 - progress
-        for group, lr in zip(optimizer.param_groups, base, strict=True):
-            group["lr"] = lr * max(factor, 0.02)
-        loss = batch_loss()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-        bar.n = min(round(time.perf_counter() - started), round(budget_s))
-        bar.set_postfix(step=len(losses), loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
-    bar.close()
-    seconds = time.perf_counter() - started
-    tail = losses[-20:] or [float("nan")]
-    log(f"{name}: {len(losses)} steps in {seconds:.0f}s, final loss {sum(tail) / len(tail):.3f}")
-    return {"steps": len(losses), "seconds": round(seconds, 1), "final_loss": round(sum(tail) / len(tail), 4)}
+    def done(self, stage: str) -> bool:
+        return stage in self.stages
 
-
-def train_teacher(
-    model: DualEncoder, pairs: list[tuple[str, str]], tok: Tokenise, cfg: TrainConfig
-) -> dict[str, float]:
-    model.train()
-    opt = optimiser(model, cfg.teacher_lr, cfg.head_lr)
-    stream = batches(pairs, cfg.batch_size, random.Random(cfg.seed))
-
-    def batch_loss() -> torch.Tensor:
-        batch = next(stream)
-        context = model.encode_context(*tok.contexts([c for c, _ in batch]))  # [B, D]
-        reply = model.encode_reply(*tok.replies([r for _, r in batch]))  # [B, D]
-        return in_batch_negatives(context, reply, cfg.scale)
-
-    stats = run_budgeted("teacher", cfg.teacher_budget_s, cfg.max_steps, opt, cfg.warmup_fraction, batch_loss)
-    model.eval()
-    return stats
-
-
-def distill_student(
-    student: DualEncoder, teacher: DualEncoder, texts: list[str], tok: Tokenise, cfg: TrainConfig
-) -> dict[str, float]:
-    """Unlabelled text: both student outputs pulled to the teacher's for the same input."""
-    student.train()
-    opt = optimiser(student, cfg.student_lr, cfg.head_lr)
-    rng = random.Random(cfg.seed + 1)
-
-    def batch_loss() -> torch.Tensor:
-        batch = rng.sample(texts, min(cfg.batch_size, len(texts)))
-        ids, mask = tok.contexts(batch)  # [B, T]
-        with torch.inference_mode():
-            t_context, t_reply = teacher(ids, mask)  # [B, D] each
-        s_context, s_reply = student(ids, mask)  # [B, D] each
-        return embedding_distillation(s_context, t_context.clone()) + embedding_distillation(s_reply, t_reply.clone())
-
-    stats = run_budgeted("distill", cfg.distill_budget_s, cfg.max_steps, opt, cfg.warmup_fraction, batch_loss)
-    student.eval()
-    return stats
-
-
-def tune_student(
-    student: DualEncoder, teacher: DualEncoder, pairs: list[tuple[str, str]], tok: Tokenise, cfg: TrainConfig
-) -> dict[str, float]:
-    """Pairs: in-batch negatives plus the teacher's in-batch score distribution."""
-    student.train()
-    opt = optimiser(student, cfg.student_lr, cfg.head_lr)
-    stream = batches(pairs, cfg.batch_size, random.Random(cfg.seed + 2))
-
-    def batch_loss() -> torch.Tensor:
-        batch = next(stream)
-        context_in = tok.contexts([c for c, _ in batch])
-        reply_in = tok.replies([r for _, r in batch])
-        with torch.inference_mode():
-            t_context = teacher.encode_context(*context_in)  # [B, D]
-            t_reply = teacher.encode_reply(*reply_in)  # [B, D]
-        context = student.encode_context(*context_in)  # [B, D]
-        reply = student.encode_reply(*reply_in)  # [B, D]
-        return in_batch_negatives(context, reply, cfg.scale) + cfg.distill_weight * score_distillation(
-            context, reply, t_context.clone(), t_reply.clone(), cfg.scale
-        )
-
-    stats = run_budgeted("student", cfg.student_budget_s, cfg.max_steps, opt, cfg.warmup_fraction, batch_loss)
-    student.eval()
-    return stats
-
-
-def train_poly(
-    student: DualEncoder, pairs: list[tuple[str, str]], tok: Tokenise, cfg: TrainConfig, data_path: Path | None
-) -> tuple[poly.PolyHead, dict[str, float]]:
-    """Trains one head per m in cfg.poly_codes and keeps the best on validation."""
-    started = time.perf_counter()
-    sample = random.Random(cfg.seed + 3).sample(pairs, min(cfg.poly_pairs, len(pairs)))
-    train_features = poly.features(student, tok, sample, cfg.max_context_tokens)
-    val = eval_set(cfg.validation_examples, cfg.seed, "validation", data_path)
-    val_pairs = list(zip(val.joined(" [SEP] ", cfg.max_context_turns), val.replies, strict=True))
-    val_features = poly.features(student, tok, val_pairs, cfg.max_context_tokens)
-    candidates = np.concatenate([np.arange(len(val_pairs))[:, None], val.negatives], axis=1)  # [N, 100]
-
-    def validate(head: poly.PolyHead) -> float:
-        return poly.evaluate(head, val_features, candidates, cfg.rerank_depth)["rerank_r_at_1"]
-
-    stats: dict[str, float] = {"features_seconds": round(time.perf_counter() - started, 1)}
-    heads = {}
-    for codes in cfg.poly_codes:
-        head, head_stats = poly.train(
-            train_features, poly.PolyTrainConfig(codes, cfg.poly_budget_s, cfg.max_steps), validate
-        )
-        head_stats.update(poly.evaluate(head, val_features, candidates, cfg.rerank_depth))
-        log(f"poly m={codes}: {head_stats}")
-        heads[codes] = head
-        stats.update({f"m{codes}_{k}": v for k, v in head_stats.items()})
-    # Ties go to the smaller m: it costs less to serve.
-    best = max(heads, key=lambda m: (stats[f"m{m}_rerank_r_at_1"], -m))
-    stats["codes"] = best
-    stats["seconds"] = round(time.perf_counter() - started, 1)
-    return heads[best], stats
-
-
-def train_reactions(
-    student: DualEncoder, pairs: list[tuple[str, str]], tok: Tokenise, cfg: TrainConfig
-) -> tuple[ReactionModel | None, dict[str, float]]:
-    started = time.perf_counter()
-    reaction_set = mine([r for _, r in pairs])
-    if not reaction_set.labels:
-        log("reactions: no reply is frequent enough to be one; the bundle gets no classifier")
-        return None, {"classes": 0, "coverage": 0.0}
-    labels = reaction_set.classify([r for _, r in pairs])  # [N], -1: not a reaction
-    contexts = [c for (c, _), label in zip(pairs, labels, strict=True) if label >= 0]
-    with torch.inference_mode():
-        vectors = torch.cat(
-            [student.encode_context(*tok.contexts(contexts[i : i + 256])) for i in range(0, len(contexts), 256)]
-        )  # [M, D]
-    weight, bias = train_classifier(vectors.clone(), torch.from_numpy(labels[labels >= 0]), len(reaction_set.labels))
-    spec = ReactionSpec(labels=reaction_set.labels, coverage=reaction_set.coverage)
-    stats = {"classes": len(spec.labels), "coverage": spec.coverage, "examples": len(contexts)}
-    stats["seconds"] = round(time.perf_counter() - started, 1)
-    log(f"reactions: {stats}")
-    return ReactionModel(spec, weight, bias), stats
-
-
-def unlabelled_texts(pairs: list[tuple[str, str]], conversations_turns: list[str], limit: int, seed: int) -> list[str]:
-    """Contexts and single turns, the two kinds of input the encoder serves."""
-    rng = random.Random(seed)
-    contexts = [c for c, _ in pairs]
-    mixed = rng.sample(contexts, min(limit // 2, len(contexts))) + rng.sample(
-        conversations_turns, min(limit // 2, len(conversations_turns))
-    )
-    rng.shuffle(mixed)
-    return mixed
+    def finish(self, stage: str, stats: dict[str, Any]) -> None:
+        self.stages[stage] = stats
+        self.directory.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.stages, indent=2))
+        tmp.replace(self.path)
+        log(f"{stage} done: {stats}")
 
 
 @dataclass
 class Outputs:
     bundles: list[Path]
-    stats: dict[str, dict[str, float]]
+    stats: dict[str, dict[str, Any]]
+
+
+def _load(model: DualEncoder, checkpoint: Path) -> DualEncoder:
+    model.load_state_dict(torch.load(checkpoint, weights_only=False)["modules"]["model"])
+    return model.eval()
 
 
 def run(
     cfg: TrainConfig,
-    bundles_root: Path,
+    artifacts: Path,
     teacher: DualEncoder,
     tokenizer_path: Path,
     model_id: str,
@@ -311,90 +110,117 @@ def run(
     parity_texts: list[str] | None = None,
     min_parity_cosine: float = 0.99,
     prefix: str = "chitchat",
-    from_checkpoints: bool = False,
+    device: str = "cpu",
 ) -> Outputs:
-    started = time.perf_counter()
     torch.manual_seed(cfg.seed)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    bundles_root = artifacts / "bundles"
+    progress = Progress(artifacts / "checkpoints" / cfg.profile)
+    ckpt = progress.directory
+    started = time.perf_counter()
     tok = Tokenise(tokenizer_path, cfg.max_context_tokens, cfg.max_reply_tokens)
-    pairs = train_pairs(load_pairs("train", cfg.max_context_turns, data_path))
-    turns = [t for c in load_conversations(data_path) for t in c.turns if len(t) <= MAX_CANDIDATE_CHARS]
-    log(f"{len(pairs)} train pairs, {len(turns)} turns loaded in {time.perf_counter() - started:.1f}s")
+    pairs = train_pairs(cfg.max_context_turns, data_path)
+    val = eval_set(cfg.validation_examples, cfg.seed, "validation", data_path)
     parity_texts = parity_texts or parity_sample()
+    data = split_summary(data_path)
+    log(f"{len(pairs)} train pairs loaded in {time.perf_counter() - started:.1f}s; split {data['split_sha256'][:12]}")
 
-    checkpoints = bundles_root.parent / "checkpoints"
+    def export(model: DualEncoder, role: str, quantize: bool, servable: bool, **extra: Any) -> Path:
+        layers = int(model.body.config.num_hidden_layers)
+        config = ExportConfig(
+            name=f"{prefix}-{role}-l{layers}-{'int8' if quantize else 'fp32'}",
+            model_id=f"{model_id} ({role}, {cfg.profile} profile)",
+            kind=role,
+            tokenizer_path=tokenizer_path,
+            max_context_tokens=cfg.max_context_tokens,
+            max_reply_tokens=cfg.max_reply_tokens,
+            max_context_turns=cfg.max_context_turns,
+            turn_separator=TURN_SEPARATOR,
+            quantize=quantize,
+            min_parity_cosine=min_parity_cosine,
+            servable=servable,
+            training=training_record(cfg, progress.stages, device),
+            data=data,
+            **extra,
+        )
+        return export_bundle(model.cpu(), config, bundles_root, parity_texts)
+
+    # 1. The teacher, then its bundles: the int8 one encodes the teacher vectors.
+    teacher_ckpt = ckpt / "teacher.pt"
+    if not progress.done("teacher"):
+        stats = train_teacher(teacher, pairs, tok, cfg, teacher_ckpt, device)
+        progress.finish("teacher", {**stats, **validate(teacher, tok, val, cfg.max_context_turns, cfg.rerank_depth)})
     if teacher.context_head is None:
         teacher.add_heads()
-    if from_checkpoints:
-        teacher.load_state_dict(torch.load(checkpoints / f"{prefix}-teacher.pt"))
-        student = student_from(teacher, cfg.student_layers)
-        student.load_state_dict(torch.load(checkpoints / f"{prefix}-student.pt"))
-        stats: dict[str, dict[str, float]] = {}
-    else:
-        stats = {"teacher": train_teacher(teacher, pairs, tok, cfg)}
-        student = student_from(teacher, cfg.student_layers)
-        distill_texts = unlabelled_texts(pairs, turns, limit=200_000, seed=cfg.seed)
-        stats["distill"] = distill_student(student, teacher, distill_texts, tok, cfg)
-        stats["student"] = tune_student(student, teacher, pairs, tok, cfg)
-        # Torch weights, so the stages below can be rerun without retraining.
-        checkpoints.mkdir(parents=True, exist_ok=True)
-        for model, role in ((teacher, "teacher"), (student, "student")):
-            torch.save(model.state_dict(), checkpoints / f"{prefix}-{role}.pt")
-    teacher.eval()
-    student.eval()
+    _load(teacher.cpu(), teacher_ckpt)
+    teacher_int8 = bundles_root / f"{prefix}-teacher-l{teacher.body.config.num_hidden_layers}-int8"
+    if not progress.done("teacher_bundles"):
+        t0 = time.perf_counter()
+        export(teacher, "teacher", quantize=False, servable=False)
+        export(teacher, "teacher", quantize=True, servable=False)
+        progress.finish("teacher_bundles", {"seconds": round(time.perf_counter() - t0, 1)})
 
-    poly_head, stats["poly"] = train_poly(student, pairs, tok, cfg, data_path)
-    reactions, stats["reactions"] = train_reactions(student, pairs, tok, cfg)
+    # 2. The teacher's vectors for every pair, once.
+    vectors_path = ckpt / "teacher_vectors.npz"
+    if not progress.done("teacher_vectors"):
+        t0 = time.perf_counter()
+        rows = rows_seen(*student_plan(pairs, cfg))
+        teacher_vectors.compute(teacher_int8, pairs, rows).save(vectors_path)
+        progress.finish("teacher_vectors", {"seconds": round(time.perf_counter() - t0, 1), "pairs": len(rows)})
 
-    export_started = time.perf_counter()
-    bundles = []
-    teacher_layers = int(teacher.body.config.num_hidden_layers)
-    student_layers = int(student.body.config.num_hidden_layers)
-    student.poly_head = poly_head  # the student's bundles carry the head; the teacher's do not
-    head_spec = PolySpec(codes=poly_head.num_codes, weight=float(poly_head.weight.item()))
-    for model, role, layers, servable in (
-        (teacher, "teacher", teacher_layers, False),
-        (student, "student", student_layers, True),
-    ):
-        for quantize in (False, True):
-            config = ExportConfig(
-                name=f"{prefix}-{role}-l{layers}-{'int8' if quantize else 'fp32'}",
-                model_id=f"{model_id} ({role}, {cfg.profile} profile)",
-                kind=role,
-                tokenizer_path=tokenizer_path,
-                max_context_turns=cfg.max_context_turns,
-                quantize=quantize,
-                min_parity_cosine=min_parity_cosine,
-                # Only the int8 student is meant to serve; the rest are for evaluation.
-                servable=servable and quantize,
-                training={"profile": cfg.profile, **{f"{k}_{m}": v for k, s in stats.items() for m, v in s.items()}},
-                poly=head_spec if model is student else None,
-                reactions=reactions if model is student else None,
-            )
-            bundles.append(export_bundle(model, config, bundles_root, parity_texts))
-    stats["export"] = {"seconds": round(time.perf_counter() - export_started, 1)}
-    log(f"done in {time.perf_counter() - started:.0f}s: {stats}")
-    return Outputs(bundles, stats)
+    # 3. The student and its poly head, distilled from those vectors.
+    student = make_student(teacher, cfg)
+    student_ckpt = ckpt / "student.pt"
+    if not progress.done("student"):
+        vectors = teacher_vectors.TeacherVectors.load(vectors_path)
+        stats = train_student(student, vectors, pairs, tok, cfg, student_ckpt, device)
+        progress.finish("student", {**stats, **validate(student, tok, val, cfg.max_context_turns, cfg.rerank_depth)})
+    _load(student.cpu(), student_ckpt)
+
+    # 4. Reactions, then the student's bundles, which carry the head and the classifier.
+    t0 = time.perf_counter()
+    reactions, stats = train_reactions(student, pairs, tok, "cpu")
+    progress.finish("reactions", {**stats, "seconds": round(time.perf_counter() - t0, 1)})
+    assert student.poly_head is not None
+    head = PolySpec(codes=student.poly_head.num_codes, weight=round(float(student.poly_head.weight.item()), 6))
+    t0 = time.perf_counter()
+    bundles = [
+        export(student, "student", quantize=False, servable=False, poly=head, reactions=reactions),
+        export(student, "student", quantize=True, servable=True, poly=head, reactions=reactions),
+    ]
+    progress.finish("student_bundles", {"seconds": round(time.perf_counter() - t0, 1)})
+    bundles[:0] = [teacher_int8.with_name(teacher_int8.name.replace("int8", "fp32")), teacher_int8]
+    log(f"done in {time.perf_counter() - started:.0f}s this run; stages: {json.dumps(progress.stages)}")
+    return Outputs(bundles, progress.stages)
+
+
+def training_record(cfg: TrainConfig, stages: dict[str, dict[str, Any]], device: str) -> dict[str, Any]:
+    """What a bundle's manifest says about how it was trained."""
+    return {
+        "profile": cfg.profile,
+        "config": asdict(cfg),
+        "stages": dict(stages),
+        "seconds_total": round(sum(float(s.get("seconds", 0)) for s in stages.values()), 1),
+        "hardware": hardware(device),
+        "recorded_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", choices=sorted(PROFILES), default="quick")
-    parser.add_argument("--bundles", type=Path, default=Path("artifacts/bundles"))
+    parser.add_argument("--artifacts", type=Path, default=Path("artifacts"))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--from-checkpoints", action="store_true", help="skip stages 1-2: load their saved weights")
+    parser.add_argument("--device", default="cpu", help="torch device for training, e.g. cuda")
+    parser.add_argument("--restart", action="store_true", help="drop this profile's checkpoints first")
     args = parser.parse_args()
     cfg = replace(PROFILES[args.profile], seed=args.seed)
+    if args.restart:
+        shutil.rmtree(args.artifacts / "checkpoints" / cfg.profile, ignore_errors=True)
     log(f"profile {cfg.profile}: {asdict(cfg)}")
-    run(
-        cfg,
-        args.bundles,
-        load_pretrained(),
-        minilm_path() / TOKENIZER_FILE,
-        "sentence-transformers/all-MiniLM-L6-v2",
-        from_checkpoints=args.from_checkpoints,
-    )
+    model_id = "sentence-transformers/all-MiniLM-L6-v2"
+    run(cfg, args.artifacts, load_pretrained(), minilm_path() / TOKENIZER_FILE, model_id, device=args.device)
 
 
 if __name__ == "__main__":

@@ -24,10 +24,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from app.core.bundle import Thresholds
+from app.core.encoder import Encoder
+from app.core.text import echoes
 from app.engine import retriever
-from app.engine.bundle import Thresholds
-from app.engine.encoder import Encoder
-from app.engine.retriever import Serving
+from app.engine.confidence import ConfidenceModel, features
+from app.engine.retriever import Avoid, Serving
 
 SOURCES = ("query_similarity", "reply_matching", "reaction")
 
@@ -36,16 +38,38 @@ SOURCES = ("query_similarity", "reply_matching", "reaction")
 class WalkFeatures:
     query_score: np.ndarray  # [N] cosine of the nearest stored query to the last turn
     reply_score: np.ndarray  # [N] top reply-matching score, reranked when the bundle has a poly head
+    reply_features: dict[str, np.ndarray]  # name -> [N], what the confidence model reads (`app.engine.confidence`)
     answers: dict[str, list[str]]  # source -> [N] the text it would serve
     judged: dict[str, np.ndarray]  # source -> [N] judge cosine between its answer and the true reply
     has_reactions: bool
     # [N] judge cosine between reply matching's answer to another turn and this turn's true reply
     chance: np.ndarray
+    echo: dict[str, np.ndarray]  # source -> [N] its answer is a near copy of a context turn (never, by design)
+    unfiltered_echo: np.ndarray  # [N] reply matching's top reply would be one without the echo check
 
     @property
     def off_topic_below(self) -> float:
         """A retrieved answer under this judge cosine is no closer than chance usually is."""
         return float(np.median(self.chance))
+
+    @property
+    def acceptable(self) -> np.ndarray:
+        """[N] reply matching's top reply is not off topic: what the confidence model predicts."""
+        return np.asarray(self.judged["reply_matching"] >= self.off_topic_below)
+
+    def matrix(self, names: list[str]) -> np.ndarray:
+        """[N, F] the named confidence features."""
+        return np.stack([self.reply_features[name] for name in names], axis=1)
+
+    def confidence(self, model: ConfidenceModel | None) -> np.ndarray:
+        """[N] the model's confidence per turn; without a model, the top score, as serving falls back to."""
+        if model is None:
+            return self.reply_score
+        rows = [
+            dict(zip(self.reply_features, values, strict=True))
+            for values in zip(*self.reply_features.values(), strict=True)
+        ]
+        return np.array([model(row) for row in rows])
 
     @property
     def lift_over_chance(self) -> float:
@@ -68,16 +92,29 @@ def replay(
     n = len(contexts)
     query_score, reply_score = np.full(n, -1.0), np.full(n, -1.0)
     answers: dict[str, list[str]] = {s: [""] * n for s in SOURCES}
+    rows: list[dict[str, float]] = []
+    echo = {source: np.zeros(n, dtype=bool) for source in SOURCES}
+    unfiltered_echo = np.zeros(n, dtype=bool)
     for i in range(n):
-        q = retriever.query_similarity(serving, last[i], 1, set())
-        r = retriever.reply_matching(serving, context[i], 1, set(), None if poly is None else poly[i], rerank_depth)
-        x = retriever.reaction(serving, context[i], 1, set())
+        window = contexts[i][-serving.bundle.max_context_turns :]
+        avoid = Avoid.of(window)
+        q = retriever.query_similarity(serving, last[i], 1, avoid)
+        r = retriever.reply_matching(serving, context[i], 1, avoid, None if poly is None else poly[i], rerank_depth)
+        x = retriever.reaction(serving, context[i], 1, avoid, window)
+        rows.append(features([h.score for h in r], window, r[0].text if r else ""))
+        unfiltered = retriever.reply_matching(
+            serving, context[i], 1, Avoid(), None if poly is None else poly[i], rerank_depth
+        )
+        unfiltered_echo[i] = bool(unfiltered) and echoes(unfiltered[0].text, list(avoid.turns))
+        for source, hits in zip(SOURCES, (q, r), strict=False):
+            echo[source][i] = bool(hits) and echoes(hits[0].text, list(avoid.turns))
         if q:
             query_score[i], answers["query_similarity"][i] = q[0].score, q[0].text
         if r:
             reply_score[i], answers["reply_matching"][i] = r[0].score, r[0].text
         if x:
             answers["reaction"][i] = x[0].text
+    reply_features = {name: np.array([row[name] for row in rows]) for name in rows[0]}
     truth = judge.encode(replies, side="reply")  # [N, D]
     answer = {s: judge.encode(answers[s], side="reply") for s in SOURCES}  # [N, D] each
     judged = {s: (answer[s] * truth).sum(axis=1) for s in SOURCES}  # [N] each
@@ -85,14 +122,17 @@ def replay(
     has_reactions = serving.reactions is not None
     if not has_reactions:
         judged["reaction"] = np.full(n, -np.inf)  # never the better choice
-    return WalkFeatures(query_score, reply_score, answers, judged, has_reactions, chance)
-
-
-def sources(f: WalkFeatures, thresholds: Thresholds) -> np.ndarray:
-    """[N] the source that answers each turn under `thresholds`, as `/reply` decides it."""
-    reply_or_reaction = np.where(
-        (f.reply_score >= thresholds.reply_matching) | (not f.has_reactions), "reply_matching", "reaction"
+    return WalkFeatures(
+        query_score, reply_score, reply_features, answers, judged, has_reactions, chance, echo, unfiltered_echo
     )
+
+
+def sources(f: WalkFeatures, thresholds: Thresholds, confidence: np.ndarray | None = None) -> np.ndarray:
+    """[N] the source that answers each turn under `thresholds`, as `/reply` decides it.
+
+    confidence: [N] what the reply-matching threshold applies to (default: the top score)."""
+    sure = (f.reply_score if confidence is None else confidence) >= thresholds.reply_matching
+    reply_or_reaction = np.where(sure | (not f.has_reactions), "reply_matching", "reaction")
     return np.where(f.query_score >= thresholds.query_similarity, "query_similarity", reply_or_reaction)
 
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from app.engine.bundle import TOKENIZER_FILE, read_manifest, verify_files
-from app.engine.encoder import Encoder
+from app.core.bundle import TOKENIZER_FILE, read_manifest, verify
+from app.core.encoder import Encoder
 from models.encoder import DualEncoder, minilm_path, tiny_body
 from models.export import ExportConfig, ParityError, export_bundle
 from tests.conftest import TINY_PARITY_TEXTS
@@ -18,7 +18,7 @@ from tests.conftest import TINY_PARITY_TEXTS
 def test_int8_bundle_matches_torch_and_records_its_parity(artifacts: Path) -> None:
     bundle_dir = artifacts / "bundles" / "tiny-int8"
     manifest = read_manifest(bundle_dir)
-    verify_files(bundle_dir, manifest)
+    verify(bundle_dir, manifest)
     assert manifest.quantization.startswith("int8")
     assert manifest.parity["mean_cosine"] >= 0.95
     assert manifest.parity["samples"] == len(TINY_PARITY_TEXTS)

@@ -1,0 +1,107 @@
+"""The optimisation loop every stage shares: a fixed number of steps, warmup
+then linear decay, a progress bar, and a checkpoint every few steps that a
+rerun resumes from.
+
+A checkpoint holds the modules, the optimiser, the step and torch's random
+state (dropout), and the batch order is a function of the step
+(`models/batches.py`), so a resumed run continues the same run: the weights
+after a crash and a resume are the weights it would have had.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+
+def lr_factor(step: int, total: int, warmup_fraction: float) -> float:
+    """Linear warmup over the first `warmup_fraction` of steps, then linear decay to 0."""
+    warmup = max(1, round(total * warmup_fraction))
+    if step < warmup:
+        return (step + 1) / warmup
+    return max(0.0, (total - step) / max(1, total - warmup))
+
+
+def save_atomic(state: dict[str, Any], path: Path) -> None:
+    """A crash while saving leaves the previous checkpoint, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def run_steps(
+    name: str,
+    modules: dict[str, nn.Module],
+    optimizer: torch.optim.Optimizer,
+    total_steps: int,
+    warmup_fraction: float,
+    batch_loss: Callable[[int], torch.Tensor],
+    checkpoint: Path,
+    every: int,
+) -> dict[str, float]:
+    """Optimises batch_loss(step) for steps [resumed step, total_steps); returns the stage's figures."""
+    for group in optimizer.param_groups:
+        group.setdefault("initial_lr", group["lr"])
+    step, seconds, losses = 0, 0.0, []
+    if checkpoint.is_file():
+        state = torch.load(checkpoint, weights_only=False)
+        for key, module in modules.items():
+            module.load_state_dict(state["modules"][key])
+        optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"])
+        step, seconds, losses = state["step"], state["seconds"], state["losses"]
+        print(f"[{name}] resuming at step {step}/{total_steps}", file=sys.stderr, flush=True)
+    resumed_from = step
+
+    def save() -> None:
+        state = {
+            "step": step,
+            "seconds": seconds + time.perf_counter() - started,
+            "losses": losses,
+            "modules": {key: module.state_dict() for key, module in modules.items()},
+            "optimizer": optimizer.state_dict(),
+            "rng": torch.get_rng_state(),
+        }
+        save_atomic(state, checkpoint)
+
+    for module in modules.values():
+        module.train()
+    started = time.perf_counter()
+    bar = tqdm(total=total_steps, initial=step, desc=name, unit="step", file=sys.stderr)
+    while step < total_steps:
+        factor = lr_factor(step, total_steps, warmup_fraction)
+        for group in optimizer.param_groups:
+            group["lr"] = group["initial_lr"] * factor
+        loss = batch_loss(step)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(round(loss.item(), 5))
+        step += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
+        if step % every == 0 or step == total_steps:
+            save()
+    bar.close()
+    for module in modules.values():
+        module.eval()
+    seconds += time.perf_counter() - started
+    head, tail = losses[:20] or [float("nan")], losses[-20:] or [float("nan")]
+    stats = {
+        "steps": step,
+        "seconds": round(seconds, 1),
+        "first_loss": round(sum(head) / len(head), 4),
+        "final_loss": round(sum(tail) / len(tail), 4),
+        "resumed_from_step": resumed_from,
+    }
+    print(f"[{name}] {stats}", file=sys.stderr, flush=True)
+    return stats

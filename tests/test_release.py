@@ -1,0 +1,34 @@
+"""The release bundle tracked in git: what a fresh clone serves."""
+
+from __future__ import annotations
+
+from app.core.bundle import MANIFEST, RELEASE_BUNDLE, open_bundle
+from index.corpus import split_summary
+from models.release import GATES, MAX_RELEASE_BYTES
+
+
+def test_the_shipped_bundle_agrees_with_its_manifest() -> None:
+    manifest = open_bundle(RELEASE_BUNDLE)  # every file's sha256, and the checksum over them
+    on_disk = {p.name for p in RELEASE_BUNDLE.iterdir()}
+    assert on_disk == {*manifest.files, MANIFEST}  # nothing unlisted rides along
+    assert sum((RELEASE_BUNDLE / name).stat().st_size for name in on_disk) <= MAX_RELEASE_BYTES
+
+
+def test_the_shipped_bundle_is_the_trained_student_with_everything_it_serves() -> None:
+    manifest = open_bundle(RELEASE_BUNDLE)
+    assert manifest.servable and manifest.kind == "student" and manifest.quantization.startswith("int8")
+    assert manifest.poly is not None and manifest.reactions is not None and manifest.confidence is not None
+    assert manifest.calibration["reaction_share"] == 0.1
+    assert {"r_at_1", "rerank_r_at_1", "confidence_auroc", "served_echo_share"} <= set(manifest.eval)
+
+
+def test_the_shipped_bundle_says_how_it_was_made_and_released() -> None:
+    manifest = open_bundle(RELEASE_BUNDLE)
+    training = manifest.training
+    assert training["profile"] == "full" and training["config"]["seed"] == 0
+    assert training["hardware"]["cores"] >= 1 and training["seconds_total"] > 0
+    assert {"teacher", "teacher_vectors", "student"} <= set(training["stages"])
+    assert manifest.data["split_sha256"] == split_summary()["split_sha256"]  # the split it was evaluated on
+    gates = {g["gate"]: g for g in manifest.release["gates"]}
+    assert set(gates) == {g.name for g in GATES}
+    assert all(g["passed"] or g.get("waived") for g in gates.values())  # a miss is released only by name, with why
