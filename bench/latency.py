@@ -33,7 +33,7 @@ def free_port() -> int:
 
 
 def test_contexts(n: int, max_turns: int, seed: int = 0) -> list[list[str]]:
-    from models.data import load_pairs
+    from index.corpus import load_pairs
 
     pairs = load_pairs("test", max_turns)
     rng = random.Random(seed)

@@ -31,7 +31,7 @@ import httpx
 import numpy as np
 import redis
 
-from app.engine.bundle import best_bundle, read_manifest
+from app.core.bundle import RELEASE_BUNDLE, read_manifest
 from bench.latency import free_port, test_contexts
 from index.build import corpus_candidates
 from index.store import IndexStore
@@ -42,13 +42,9 @@ REDIS_URL = "redis://127.0.0.1:6379/14"
 
 def scratch_artifacts(source: Path) -> Path:
     root = Path(tempfile.mkdtemp(prefix="reindex-bench-"))
-    (root / "bundles").mkdir()
-    bundle = best_bundle(source / "bundles")
-    assert bundle is not None, "no bundle: run `make artifacts`"
-    (root / "bundles" / bundle.name).symlink_to(bundle.resolve())
     store = IndexStore(source / "indexes")
-    version = store.latest_for(read_manifest(bundle).checksum)
-    assert version is not None, "no index for the bundle: run `make artifacts`"
+    version = store.latest_for(read_manifest(RELEASE_BUNDLE).checksum)
+    assert version is not None, "no index for the release bundle: run `make index`"
     shutil.copytree(store.path(version), root / "indexes" / version, copy_function=os.link)
     IndexStore(root / "indexes").set_current(version)
     return root

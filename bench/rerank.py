@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from app.config import Settings
+from app.core.bundle import read_manifest
+from app.core.encoder import Encoder
 from app.engine import retriever
-from app.engine.bundle import read_manifest
-from app.engine.encoder import Encoder
 from app.engine.runtime import limit_cpu_threads, load_serving
 from bench.latency import test_contexts
 from index.store import IndexStore
@@ -61,9 +61,9 @@ def main() -> None:
         if baseline is not None:
             timings["encode_baseline"].append(_ms(baseline.encode, [text], "context"))
         vector, poly = encoder.encode_with_poly([text])  # [1, D], [1, m, D]
-        timings["search"].append(_ms(retriever.reply_matching, serving, vector[0], args.k, set()))
+        timings["search"].append(_ms(retriever.reply_matching, serving, vector[0], args.k, retriever.Avoid()))
         timings["search_rerank"].append(
-            _ms(retriever.reply_matching, serving, vector[0], args.k, set(), poly[0], args.depth)
+            _ms(retriever.reply_matching, serving, vector[0], args.k, retriever.Avoid(), poly[0], args.depth)
         )
     p50 = {name: round(float(np.median(ms)), 3) for name, ms in timings.items() if ms}
     result: dict[str, Any] = {

@@ -1,72 +1,134 @@
 """Inner-product FAISS indexes over unit vectors, each checked against exact search.
 
-Small sets get an exact flat index. Larger ones get HNSW; its efSearch is
-chosen at build time as the smallest that reaches the recall target against
-exact search on sampled rows. Measured on the ~96k chitchat replies (384-d,
-one thread): exact scan 9.8 ms/query; IVF-Flat (1237 lists) needs nprobe 64
-for recall@10 0.95 at 0.70 ms; HNSW (M=32) gives 0.976 at efSearch 32 in
-0.16 ms and builds in 10 s on two cores.
+Vectors are stored once, at 8 bits per dimension (a scalar quantiser trained
+per dimension), inside the index: the poly rerank and the next reindex read
+them back from it. Small sets get a flat scan over the codes. Larger ones get
+a graph or an inverted file over them, whichever the role needs, with the
+search parameter chosen at build time as the smallest that reaches the
+recall target against exact fp32 search on probe queries.
+
+Measured on the ~96k chitchat replies with 2,000 held-out contexts as
+queries (`python -m bench.ann`, reports/ann.md): at recall@10 >= 0.98,
+HNSW M=32 over 8-bit codes needed efSearch 512 (1.3 ms, 60 MB), M=64 needed
+128 (0.55 ms, 83 MB), IVF over 8-bit codes nprobe 192 of 1,024 lists
+(1.1 ms, 37 MB), flat 8-bit 3.3 ms, exact fp32 7.0 ms (140 MB). The replies
+are searched and reranked on every /reply, so they get the fast graph; the
+stored queries get the small inverted file, which keeps a version under
+150 MB.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass
+from typing import Literal
 
 import faiss
 import numpy as np
 
 log = logging.getLogger(__name__)
 
-EXACT_BELOW = 20_000  # a flat scan of 20k x 384 costs ~0.5 ms: not worth an approximation
-RECALL_TARGET = 0.95  # recall@10 against exact search, the bar an ANN index must clear
-HNSW_M = 32  # links per node: 16 loses recall on 384-d text vectors, 64 doubles memory for little
-HNSW_EF_CONSTRUCTION = 40  # faiss's default; higher builds slower for <1 point of recall here
-EF_SEARCH_CHOICES = (16, 32, 48, 64, 96, 128, 256, 512)
+EXACT_BELOW = 20_000  # a flat scan of 20k 8-bit codes costs ~0.7 ms: not worth an approximation
+RECALL_TARGET = 0.98  # recall@10 against exact fp32 search, the bar an index must clear
+HNSW_M = 64  # links per node: 32 needed efSearch 512 for the target on held-out contexts, 64 needs 128
+HNSW_EF_CONSTRUCTION = 100  # graph quality: lower builds faster but needs a larger efSearch
+EF_SEARCH_CHOICES = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+NPROBE_CHOICES = (8, 16, 32, 48, 64, 96, 128, 192, 256)
 CHECK_QUERIES = 500
+QUANTIZER = faiss.ScalarQuantizer.QT_8bit
+Structure = Literal["graph", "inverted"]
 
 
 @dataclass
 class AnnReport:
-    kind: str  # "flat" or "hnsw<M>"
-    ef_search: int  # 0 for flat
-    recall_at_10: float  # measured against IndexFlatIP on CHECK_QUERIES sampled rows
+    kind: str  # "flat-sq8", "hnsw64-sq8", "ivf1024-sq8", or "flat" (fp32, the fallback)
+    ef_search: int  # HNSW's efSearch; 0 otherwise
+    recall_at_10: float  # measured against exact fp32 search on CHECK_QUERIES probe queries
+    nprobe: int = 0  # IVF's lists searched; 0 otherwise
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
-def build(vectors: np.ndarray, seed: int = 0) -> tuple[faiss.Index, AnnReport]:
-    """vectors: [N, D] float32 unit rows. Returns the index and its recall report."""
-    n, dim = vectors.shape
+def exact(vectors: np.ndarray) -> faiss.Index:
+    index = faiss.IndexFlatIP(vectors.shape[1])
+    index.add(vectors)
+    return index
+
+
+def flat_sq8(vectors: np.ndarray) -> faiss.Index:
+    index = faiss.IndexScalarQuantizer(vectors.shape[1], QUANTIZER, faiss.METRIC_INNER_PRODUCT)
+    index.train(vectors)
+    index.add(vectors)
+    return index
+
+
+def hnsw_sq8(vectors: np.ndarray, m: int = HNSW_M, ef_construction: int = HNSW_EF_CONSTRUCTION) -> faiss.IndexHNSWSQ:
+    # The stubs name the quantiser type's enum as a ScalarQuantizer; SWIG takes the int.
+    index = faiss.IndexHNSWSQ(vectors.shape[1], QUANTIZER, m, faiss.METRIC_INNER_PRODUCT)  # type: ignore[arg-type]
+    index.hnsw.efConstruction = ef_construction
+    index.train(vectors)
+    index.add(vectors)
+    return index
+
+
+def ivf_sq8(vectors: np.ndarray) -> faiss.IndexIVFScalarQuantizer:
+    lists = max(64, 64 * round(4 * float(np.sqrt(len(vectors))) / 64))  # ~4 sqrt(N): 1,216 for 96k
+    quantizer = faiss.IndexFlatIP(vectors.shape[1])
+    index = faiss.IndexIVFScalarQuantizer(quantizer, vectors.shape[1], lists, QUANTIZER, faiss.METRIC_INNER_PRODUCT)
+    index.train(vectors)
+    index.add(vectors)
+    return index
+
+
+def build(
+    vectors: np.ndarray, structure: Structure = "graph", probes: np.ndarray | None = None, seed: int = 0
+) -> tuple[faiss.Index, AnnReport]:
+    """vectors: [N, D] float32 unit rows. Returns the index and its recall report.
+
+    probes: [P, D] vectors like the queries the index will serve (the recall
+    check samples CHECK_QUERIES of them); by default sampled rows of the index
+    itself, each with its own hit dropped so the check does not reduce to
+    self-retrieval."""
+    n, _ = vectors.shape
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-    exact = faiss.IndexFlatIP(dim)
-    exact.add(vectors)
-    if n < EXACT_BELOW:
-        return exact, AnnReport(kind="flat", ef_search=0, recall_at_10=1.0)
-
-    hnsw = faiss.IndexHNSWFlat(dim, HNSW_M, faiss.METRIC_INNER_PRODUCT)
-    hnsw.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
-    hnsw.add(vectors)
-
-    # Sampled rows stand in for real queries; each row's own hit is dropped
-    # from both lists so the check does not reduce to self-retrieval.
     rng = np.random.default_rng(seed)
-    rows = rng.choice(n, size=min(n, CHECK_QUERIES), replace=False)  # [Q]
-    queries = vectors[rows]  # [Q, D]
-    _, truth = exact.search(queries, 11)  # [Q, 11]
-    truth = _without_self(truth, rows)  # [Q, 10]
-    for ef_search in EF_SEARCH_CHOICES:
-        hnsw.hnsw.efSearch = ef_search
-        recall = recall_at_k(hnsw, queries, truth, drop=rows)
-        if recall >= RECALL_TARGET:
-            break
+    drop: np.ndarray | None = None
+    if probes is not None and len(probes):
+        queries = np.ascontiguousarray(
+            probes[rng.choice(len(probes), size=min(len(probes), CHECK_QUERIES), replace=False)]
+        )
+        _, truth = exact(vectors).search(queries, 10)  # [Q, 10]
     else:
-        # Exact search is slower but never wrong, and a reindex must not fail
-        # on its data's shape.
-        log.warning("HNSW recall@10 %.3f < %.2f at efSearch=%d; using exact search", recall, RECALL_TARGET, ef_search)
-        return exact, AnnReport(kind="flat", ef_search=0, recall_at_10=1.0)
-    return hnsw, AnnReport(kind=f"hnsw{HNSW_M}", ef_search=ef_search, recall_at_10=round(recall, 4))
+        drop = rng.choice(n, size=min(n, CHECK_QUERIES), replace=False)  # [Q]
+        queries = vectors[drop]  # [Q, D]
+        _, found = exact(vectors).search(queries, 11)  # [Q, 11]
+        truth = _without_self(found, drop)  # [Q, 10]
+
+    if n < EXACT_BELOW:
+        index = flat_sq8(vectors)
+        recall = recall_at_k(index, queries, truth, drop)
+        if recall >= RECALL_TARGET:
+            return index, AnnReport(kind="flat-sq8", ef_search=0, recall_at_10=round(recall, 4))
+    elif structure == "graph":
+        graph = hnsw_sq8(vectors)
+        for ef_search in EF_SEARCH_CHOICES:
+            graph.hnsw.efSearch = ef_search
+            recall = recall_at_k(graph, queries, truth, drop)
+            if recall >= RECALL_TARGET:
+                return graph, AnnReport(kind=f"hnsw{HNSW_M}-sq8", ef_search=ef_search, recall_at_10=round(recall, 4))
+    else:
+        inverted = ivf_sq8(vectors)
+        for nprobe in NPROBE_CHOICES:
+            inverted.nprobe = nprobe
+            recall = recall_at_k(inverted, queries, truth, drop)
+            if recall >= RECALL_TARGET:
+                kind = f"ivf{inverted.nlist}-sq8"
+                return inverted, AnnReport(kind=kind, ef_search=0, recall_at_10=round(recall, 4), nprobe=nprobe)
+    # Exact fp32 search is slower and four times the size, but never wrong, and
+    # a reindex must not fail on its data's shape.
+    log.warning("recall@10 %.3f < %.2f with 8-bit codes; storing fp32 and searching exactly", recall, RECALL_TARGET)
+    return exact(vectors), AnnReport(kind="flat", ef_search=0, recall_at_10=1.0)
 
 
 def _without_self(found: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -95,4 +157,13 @@ def configure(index: faiss.Index, report: AnnReport) -> faiss.Index:
     """Re-applies search-time parameters after loading from disk."""
     if report.ef_search:
         faiss.downcast_index(index).hnsw.efSearch = report.ef_search  # type: ignore[attr-defined]
+    if report.nprobe:
+        faiss.extract_index_ivf(index).nprobe = report.nprobe
     return index
+
+
+def vectors_of(index: faiss.Index, rows: np.ndarray | None = None) -> np.ndarray:
+    """[R, D] float32 vectors stored in the index (decoded from their codes); all rows when None."""
+    if rows is None:
+        return np.asarray(index.reconstruct_n(0, index.ntotal), dtype=np.float32)
+    return np.asarray(index.reconstruct_batch(np.ascontiguousarray(rows, dtype=np.int64)), dtype=np.float32)

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from app.config import Settings
 from app.engine import pipeline
 from app.engine.pipeline import ReplyOptions
 from app.engine.retriever import Strategy
 from app.engine.runtime import Runtime, build_runtime
+from tests.conftest import settings_for
 
 pytestmark = pytest.mark.anyio
 
@@ -20,23 +21,30 @@ BOTH: list[Strategy] = ["query_similarity", "reply_matching"]
 
 @pytest.fixture
 def runtime(artifacts: Path) -> Runtime:
-    runtime = build_runtime(Settings(artifacts_dir=artifacts))
+    runtime = build_runtime(settings_for(artifacts))
     assert runtime.serving is not None
     return runtime
 
 
 def with_query_threshold(runtime: Runtime, threshold: float) -> Runtime:
     serving = runtime.current()
-    bundle = replace(serving.bundle, thresholds=replace(serving.bundle.thresholds, query_similarity=threshold))
-    runtime.serving = replace(serving, bundle=bundle)
+    runtime.serving = replace(serving, thresholds=replace(serving.thresholds, query_similarity=threshold))
     return runtime
 
 
-async def test_confident_query_similarity_answers_without_encoding_the_context(runtime: Runtime) -> None:
+async def test_confident_query_similarity_answers_from_one_encoder_pass(runtime: Runtime) -> None:
     outcome = await pipeline.reply(runtime, ["do you like dogs?", "my cat is sick"], ReplyOptions(3, BOTH), set())
     assert outcome.answer.best.source == "query_similarity"
     assert outcome.answer.best.text == "oh no, i hope she gets better soon"
-    assert runtime.cache.misses == 1  # the last turn only; the joined context was never needed
+    # The last turn and the joined context went to the encoder together, as one job.
+    assert runtime.encoder_queue.stats.batches == 1 and runtime.encoder_queue.stats.items == 1
+    assert runtime.cache.misses == 2
+
+
+async def test_a_repeated_context_is_served_from_the_cache(runtime: Runtime) -> None:
+    for _ in range(3):
+        await pipeline.reply(runtime, ["do you like dogs?", "my cat is sick"], ReplyOptions(3, BOTH), set())
+    assert runtime.encoder_queue.stats.batches == 1
 
 
 async def test_unsure_query_similarity_falls_through_to_reply_matching(runtime: Runtime) -> None:
@@ -56,3 +64,25 @@ async def test_excluded_replies_are_never_returned(runtime: Runtime) -> None:
     banned = "oh no, i hope she gets better soon"
     outcome = await pipeline.reply(runtime, ["my cat is sick"], ReplyOptions(50, BOTH), {banned})
     assert banned not in [c.text for c in outcome.answer.candidates]
+
+
+async def test_concurrent_messages_of_one_session_are_answered_and_stored_in_order(runtime: Runtime) -> None:
+    messages = [f"message {i}: do you like dogs?" for i in range(8)]
+    tasks = []
+    for message in messages:  # arrival order is creation order
+        tasks.append(asyncio.create_task(pipeline.session_reply(runtime, "s-order", message, ReplyOptions(3, BOTH))))
+        await asyncio.sleep(0)
+    replies = [outcome.answer.best.text for outcome in await asyncio.gather(*tasks)]
+    history = await runtime.sessions.history("s-order")
+    assert [t.text for t in history if t.role == "user"] == messages[-5:]  # the store keeps the last 10 turns
+    # Each reply was chosen knowing the ones before it: none repeats within the no-repeat window.
+    no_repeat = runtime.settings.session_no_repeat
+    assert all(len(set(replies[i : i + no_repeat])) == len(replies[i : i + no_repeat]) for i in range(len(replies)))
+
+
+async def test_a_reply_whose_caller_left_is_not_stored(runtime: Runtime) -> None:
+    async def gone() -> bool:
+        return False
+
+    await pipeline.session_reply(runtime, "s-gone", "good night", ReplyOptions(3, BOTH), still_wanted=gone)
+    assert await runtime.sessions.history("s-gone") == []

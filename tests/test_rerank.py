@@ -11,14 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from app.config import Settings
-from app.engine.bundle import PolySpec
+from app.core.bundle import PolySpec
 from app.engine.reranker import PolyReranker
 from app.engine.runtime import build_runtime
 from app.main import create_app
 from models import poly
-from models.poly import reranked_ranks
-from tests.conftest import REACTION_LABELS
+from models.evalset import reranked_ranks
+from tests.conftest import REACTION_LABELS, loaded, settings_for
 
 pytestmark = pytest.mark.anyio
 
@@ -49,8 +48,9 @@ def test_reranked_rank_only_reorders_the_top_depth() -> None:
 
 @asynccontextmanager
 async def poly_client(artifacts: Path) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(Settings(artifacts_dir=artifacts, rerank_depth=20))
+    app = create_app(settings_for(artifacts, rerank_depth=20))
     async with app.router.lifespan_context(app):
+        await loaded(app)
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             yield client
@@ -58,13 +58,15 @@ async def poly_client(artifacts: Path) -> AsyncIterator[httpx.AsyncClient]:
 
 async def test_rerank_orders_the_faiss_top_k_by_the_poly_score(poly_artifacts: Path) -> None:
     context = ["have you seen any good movies lately?", "my cat is sick"]
-    runtime = build_runtime(Settings(artifacts_dir=poly_artifacts))
+    runtime = build_runtime(settings_for(poly_artifacts))
     serving = runtime.current()
     vector, poly_vectors = serving.encoder.encode_with_poly(
         [serving.encoder.join_context(context)]
     )  # [1, D], [1, m, D]
     scores, rows = serving.index.reply_index.search(vector, 20)  # exact search on a tiny index
-    expected_scores = serving.reranker.rescore(poly_vectors[0], scores[0], serving.index.reply_vectors[rows[0]])
+    keep = rows[0] >= 0  # fewer than 20 replies: FAISS pads with -1
+    scores, rows = scores[:, keep], rows[:, keep]
+    expected_scores = serving.reranker.rescore(poly_vectors[0], scores[0], serving.index.reply_vectors(rows[0]))
     expected = [serving.index.reply_texts[r] for r in rows[0][np.argsort(-expected_scores, kind="stable")]]
     faiss_order = [serving.index.reply_texts[r] for r in rows[0]]
     assert expected != faiss_order  # the head does move things, or this test would prove nothing
@@ -106,12 +108,14 @@ async def test_a_low_query_threshold_lets_query_similarity_answer(poly_artifacts
 
 async def test_reactions_alone(poly_artifacts: Path) -> None:
     async with poly_client(poly_artifacts) as client:
-        answer = (
-            await client.post("/reply", json={"context": ["good night"], "strategies": ["reaction"], "k": 4})
-        ).json()
+        body = {"context": ["time for bed"], "strategies": ["reaction"], "k": 4}
+        answer = (await client.post("/reply", json=body)).json()
+        echo = (await client.post("/reply", json={**body, "context": ["Good night!"]})).json()
     assert answer["source"] == "reaction"
     assert sorted(c["text"] for c in answer["candidates"]) == sorted(REACTION_LABELS)
     assert abs(sum(c["score"] for c in answer["candidates"]) - 1) < 1e-4  # every class, so all the probability
+    # A reaction is held to the echo rule too: never the user's own line back.
+    assert "good night" not in [c["text"] for c in echo["candidates"]] and len(echo["candidates"]) == 3
 
 
 @pytest.mark.parametrize(
@@ -144,3 +148,18 @@ async def test_asking_for_what_the_bundle_lacks_is_a_422(
     response = await client.post("/reply", json={"context": ["hi"], **body})  # the plain tiny bundle
     assert response.status_code == 422
     assert response.json()["error"]["field"] == field
+
+
+async def test_no_english_reaction_in_a_korean_conversation(poly_artifacts: Path) -> None:
+    unsure = {"thresholds": {"query_similarity": 1.0, "reply_matching": 1.0}}  # every turn would go to a reaction
+    async with poly_client(poly_artifacts) as client:
+        english = (await client.post("/reply", json={"context": ["my dog is unwell"], **unsure})).json()
+        korean = (await client.post("/reply", json={"context": ["우리 강아지가 아파요"], **unsure})).json()
+        only_reactions = await client.post(
+            "/reply", json={"context": ["우리 강아지가 아파요"], "strategies": ["reaction"]}
+        )
+        info = (await client.get("/info")).json()
+    assert english["source"] == "reaction"
+    assert korean["source"] == "reply_matching"  # the reaction set is English: the fallback is off here
+    assert only_reactions.status_code == 422 and only_reactions.json()["error"]["field"] == "strategies"
+    assert info["model"]["reactions"]["language"] == "en" and "Latin" in info["model"]["reaction_fallback"]

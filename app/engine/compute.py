@@ -1,7 +1,6 @@
-"""Runs CPU-bound work (ONNX, FAISS) off the event loop, one job at a time.
+"""Runs the CPU-bound retrieval steps (FAISS searches, the poly rerank) off the event loop.
 
-One job at a time because onnxruntime already spreads one batch over every
-core; two concurrent jobs would only contend. Past `max_pending` waiting jobs
+The encoder has its own queue (`batcher.py`). Past `max_pending` waiting jobs
 the pool refuses work, so overload shows as fast 429s, not growing latency.
 """
 
@@ -13,22 +12,22 @@ from typing import TypeVar
 import anyio
 import anyio.to_thread
 
+from app.engine.batcher import Overloaded
+
 T = TypeVar("T")
-
-
-class Overloaded(Exception):
-    pass
 
 
 class ComputePool:
     def __init__(self, max_pending: int, workers: int = 1) -> None:
         self.max_pending = max_pending
         self.pending = 0
+        self.refused = 0
         self._limiter = anyio.CapacityLimiter(workers)
 
     async def run(self, fn: Callable[..., T], *args: object) -> T:
         if self.pending >= self.max_pending:
-            raise Overloaded(f"{self.pending} requests already waiting for the encoder")
+            self.refused += 1
+            raise Overloaded(f"{self.pending} requests already waiting for a search")
         self.pending += 1
         try:
             return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)

@@ -1,54 +1,24 @@
-"""The request flows: sessions and cache around the CPU work in `retriever`."""
+"""The request flows: sessions, the embedding cache and the encoder queue
+around the CPU work in `retriever`."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from app.core.bundle import Thresholds
+from app.core.text import normalize
 from app.engine import retriever
-from app.engine.bundle import Thresholds
-from app.engine.encoder import Side
+from app.engine.encoding import EncodeJob
 from app.engine.retriever import Answer, Serving, Strategy
 from app.engine.runtime import Runtime
 from app.engine.sessions import SessionTurn
-from app.engine.text import normalize
 
 
 class NoCandidates(Exception):
     pass
-
-
-async def embed(runtime: Runtime, serving: Serving, texts: Sequence[str], side: Side) -> np.ndarray:
-    """[N, D] vectors, from the cache where possible; misses in one encoder batch."""
-    checksum = serving.bundle.checksum
-    keys = [runtime.cache.key(checksum, side, t) for t in texts]
-    found = await runtime.cache.get_many(keys, serving.encoder.dim)
-    missing = [i for i, v in enumerate(found) if v is None]
-    if missing:
-        fresh = await runtime.pool.run(serving.encoder.encode, [texts[i] for i in missing], side)  # [M, D]
-        await runtime.cache.put_many({keys[i]: fresh[j] for j, i in enumerate(missing)})
-        for j, i in enumerate(missing):
-            found[i] = fresh[j]
-    return np.stack([v for v in found if v is not None])  # [N, D]
-
-
-async def embed_context(
-    runtime: Runtime, serving: Serving, text: str, with_poly: bool
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """A context's [D] vector and, with_poly, its [m, D] poly vectors; cached like `embed`."""
-    if not with_poly or serving.bundle.poly is None:
-        return (await embed(runtime, serving, [text], "context"))[0], None
-    m, dim = serving.bundle.poly.codes, serving.encoder.dim
-    context_key = runtime.cache.key(serving.bundle.checksum, "context", text)
-    poly_key = runtime.cache.key(serving.bundle.checksum, "poly", text)
-    vector, poly = await runtime.cache.get_many([context_key, poly_key], [dim, m * dim])  # one round trip
-    if vector is not None and poly is not None:
-        return vector, poly.reshape(m, dim)
-    vectors, polys = await runtime.pool.run(serving.encoder.encode_with_poly, [text])  # [1, D], [1, m, D]
-    await runtime.cache.put_many({context_key: vectors[0], poly_key: polys[0].reshape(-1)})
-    return vectors[0], polys[0]
 
 
 class Unsupported(Exception):
@@ -57,6 +27,43 @@ class Unsupported(Exception):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
         self.field = field
+
+
+async def embed(
+    runtime: Runtime, serving: Serving, texts: Sequence[str], poly_for: str | None = None
+) -> tuple[list[np.ndarray], np.ndarray | None]:
+    """Context-side [D] vectors of `texts` and, for the text `poly_for`, its [m, D] poly vectors.
+
+    From the cache where it can (one round trip); the misses go to the
+    encoder queue as one job, so they cost one encoder pass together."""
+    checksum, dim = serving.bundle.checksum, serving.encoder.dim
+    distinct = list(dict.fromkeys(texts))
+    keys = [runtime.cache.key(checksum, "context", t) for t in distinct]
+    sizes: list[int] = [dim] * len(distinct)
+    m = serving.bundle.poly.codes if serving.bundle.poly is not None else 0
+    if poly_for is not None:
+        keys.append(runtime.cache.key(checksum, "poly", poly_for))
+        sizes.append(m * dim)
+    found = await runtime.cache.get_many(keys, sizes)
+    vectors = dict(zip(distinct, found[: len(distinct)], strict=True))
+    poly = found[-1].reshape(m, dim) if poly_for is not None and found[-1] is not None else None
+    missing = [t for t in distinct if vectors[t] is None]
+    if poly_for is not None and poly is None and poly_for not in missing:
+        missing.append(poly_for)  # cached vector, evicted poly vectors: encode it again
+    if missing:
+        ids = serving.encoder.tokenize(missing, "context")
+        job = EncodeJob(serving.encoder, ids, poly=poly_for is not None)
+        encoded = await runtime.encoder_queue.submit(job, job.tokens)
+        fresh: dict[str, np.ndarray] = {}
+        for i, text in enumerate(missing):
+            vectors[text] = fresh[runtime.cache.key(checksum, "context", text)] = encoded.vectors[i]
+            if text == poly_for and encoded.poly is not None:
+                poly = encoded.poly[i]
+                fresh[runtime.cache.key(checksum, "poly", text)] = poly.reshape(-1)
+        await runtime.cache.put_many(fresh)
+    out = [vectors[t] for t in texts]
+    assert all(v is not None for v in out)  # every miss was just encoded
+    return [v for v in out if v is not None], poly
 
 
 @dataclass(frozen=True)
@@ -72,7 +79,6 @@ class ReplyOptions:
 class ReplyOutcome:
     answer: Answer
     index_version: str
-    reranked: bool
 
 
 def _thresholds(bundle: Thresholds, overrides: dict[str, float] | None) -> Thresholds:
@@ -80,67 +86,69 @@ def _thresholds(bundle: Thresholds, overrides: dict[str, float] | None) -> Thres
 
 
 async def reply(runtime: Runtime, turns: Sequence[str], options: ReplyOptions, exclude: set[str]) -> ReplyOutcome:
-    """Walks the strategies in the fixed order; the first whose top score
-    clears its threshold answers, and a reaction always clears. If none
-    does, the last one that found anything answers anyway: a low-confidence
-    reply beats no reply.
-
-    Each strategy encodes only what it needs, when it is reached: a turn that
-    query similarity answers never pays for encoding the whole context.
-    """
+    """The walk of `retriever.walk` over one snapshot, with one encoder pass for
+    the vectors it needs. No answer is ever a near copy of a turn of the
+    conversation, or a reply in `exclude` (normalised texts)."""
     serving = runtime.current()  # this request's snapshot, start to end
+    allowed = options.strategies
+    window = list(turns[-serving.bundle.max_context_turns :])  # what the context vector sees
     rerank = serving.reranker is not None if options.rerank is None else options.rerank
     if rerank and serving.reranker is None:
         raise Unsupported("rerank", f"bundle {serving.bundle.name} has no poly head to rerank with")
-    if list(options.strategies) == ["reaction"] and serving.reactions is None:
-        raise Unsupported("strategies", f"bundle {serving.bundle.name} has no reaction classifier")
-    thresholds = _thresholds(serving.bundle.thresholds, options.thresholds)
-    context: tuple[np.ndarray, np.ndarray | None] | None = None  # encoded once, when first needed
-    tried: list[retriever.Scored] = []
-    for strategy in (s for s in retriever.STRATEGY_ORDER if s in options.strategies):
-        if strategy == "query_similarity":
-            vector = (await embed(runtime, serving, [turns[-1]], "context"))[0]  # [D]
-            hits = await runtime.pool.run(retriever.query_similarity, serving, vector, options.k, exclude)
-            threshold = thresholds.query_similarity
-        else:
-            if context is None:
-                with_poly = rerank and "reply_matching" in options.strategies  # reactions need no poly vectors
-                context = await embed_context(runtime, serving, serving.encoder.join_context(turns), with_poly)
-            vector, poly = context  # [D], [m, D] or None
-            if strategy == "reply_matching":
-                hits = await runtime.pool.run(
-                    retriever.reply_matching, serving, vector, options.k, exclude, poly, options.rerank_depth
-                )
-                threshold = thresholds.reply_matching
-            else:
-                hits = await runtime.pool.run(retriever.reaction, serving, vector, options.k, exclude)
-                threshold = float("-inf")  # the last resort takes whatever reaches it
-        if hits:
-            tried = hits
-            if hits[0].score >= threshold:
-                break
-    if not tried:
-        raise NoCandidates("every candidate was excluded")
-    reranked = rerank and tried[0].source == "reply_matching"
-    return ReplyOutcome(Answer(tried[0], tried), serving.index_version, reranked)
-
-
-async def session_reply(runtime: Runtime, session_id: str, message: str, options: ReplyOptions) -> ReplyOutcome:
-    """Context from the session store; the bot's own recent replies are excluded."""
-    history = await runtime.sessions.history(session_id)
-    no_repeat = runtime.settings.session_no_repeat
-    recent_bot = [t.text for t in history if t.role == "bot"][-no_repeat:] if no_repeat else []
-    turns = [t.text for t in history] + [message]
-    outcome = await reply(runtime, turns, options, {normalize(t) for t in recent_bot})
-    await runtime.sessions.append(
-        session_id, SessionTurn("user", message), SessionTurn("bot", outcome.answer.best.text)
+    if list(allowed) == ["reaction"] and not serving.reactions_apply(window):
+        raise Unsupported(
+            "strategies", "no reaction set (the model's, or uploaded) speaks this conversation's language"
+        )
+    wants_query = "query_similarity" in allowed
+    wants_context = "reply_matching" in allowed or "reaction" in allowed
+    with_poly = rerank and "reply_matching" in allowed  # reactions need no poly vectors
+    joined = serving.encoder.join_context(turns)
+    texts = ([turns[-1]] if wants_query else []) + ([joined] if wants_context else [])
+    vectors, poly = await embed(runtime, serving, texts, joined if with_poly else None)
+    request = retriever.WalkRequest(
+        window=window,
+        allowed=allowed,
+        k=options.k,
+        thresholds=_thresholds(serving.thresholds, options.thresholds),
+        avoid=retriever.Avoid.of(window, exclude),
+        query_vector=vectors[0] if wants_query else None,
+        context_vector=vectors[-1] if wants_context else None,
+        poly_vectors=poly,
+        rerank_depth=options.rerank_depth,
+        threshold_given=bool(options.thresholds and "reply_matching" in options.thresholds),
     )
+    answer = await runtime.pool.run(retriever.walk, serving, request)
+    if answer is None:
+        raise NoCandidates("every candidate was excluded")
+    return ReplyOutcome(answer, serving.index_version)
+
+
+async def session_reply(
+    runtime: Runtime,
+    session_id: str,
+    message: str,
+    options: ReplyOptions,
+    still_wanted: Callable[[], Awaitable[bool]] | None = None,
+) -> ReplyOutcome:
+    """Context from the session store; the bot's own recent replies are excluded.
+
+    The turn is stored only if `still_wanted()` says the caller is still there
+    to receive the reply: a reply nobody saw must not become context."""
+    async with runtime.sessions.turn(session_id):
+        history = await runtime.sessions.history(session_id)
+        no_repeat = runtime.settings.session_no_repeat
+        recent_bot = [t.text for t in history if t.role == "bot"][-no_repeat:] if no_repeat else []
+        turns = [t.text for t in history] + [message]
+        outcome = await reply(runtime, turns, options, {normalize(t) for t in recent_bot})
+        if still_wanted is None or await still_wanted():
+            bot = SessionTurn("bot", outcome.answer.best.text)
+            await runtime.sessions.append(session_id, SessionTurn("user", message), bot)
     return outcome
 
 
 async def similar_queries(runtime: Runtime, text: str, k: int) -> tuple[list[tuple[str, str, float]], str]:
     serving = runtime.current()
-    vector = (await embed(runtime, serving, [text], "context"))[0]  # [D]
+    vector = (await embed(runtime, serving, [text]))[0][0]  # [D]
     index = serving.index
     scores, rows = await runtime.pool.run(retriever.search_queries, serving, vector, k)
     matches = [
@@ -152,6 +160,7 @@ async def similar_queries(runtime: Runtime, text: str, k: int) -> tuple[list[tup
 
 async def pair_scores(runtime: Runtime, pairs: Sequence[tuple[str, str]]) -> tuple[list[float], str]:
     serving = runtime.current()
-    vectors = await embed(runtime, serving, [t for pair in pairs for t in pair], "context")  # [2P, D]
-    a, b = vectors[0::2], vectors[1::2]  # [P, D] each
+    vectors, _ = await embed(runtime, serving, [t for pair in pairs for t in pair])
+    stacked = np.stack(vectors)  # [2P, D]
+    a, b = stacked[0::2], stacked[1::2]  # [P, D] each
     return [round(float(s), 6) for s in (a * b).sum(axis=1)], serving.index_version

@@ -13,15 +13,18 @@ import logging
 import os
 import shutil
 import threading
+import time
 from collections.abc import Callable
-from dataclasses import replace
+from typing import Any
 
-from app.engine.encoder import Encoder
+from app.core.encoder import Encoder
 from app.engine.jobs import Job, JobStore, Lock
 from app.engine.retriever import Serving
 from app.engine.runtime import Runtime
-from index.build import Candidate, build_version
-from index.candidates import CandidateStore, apply, seed_from_index
+from app.engine.stats import Buckets
+from index.build import build_version
+from index.candidates import RECORD_LINES, CandidateStore, apply, duplicates
+from index.records import Candidate
 
 log = logging.getLogger(__name__)
 
@@ -31,15 +34,6 @@ BACKGROUND_NICE = 10  # Linux: per-thread niceness; inherited by threads it star
 
 class Busy(Exception):
     """Another reindex or rollback holds the lock."""
-
-
-def load_version(runtime: Runtime, serving: Serving, version: str) -> Serving:
-    """The same bundle with another index version. Refuses a version built
-    with another model: its vectors would be searched with the wrong encoder."""
-    index = runtime.store.load(version)
-    if index.manifest.bundle_checksum != serving.bundle.checksum:
-        raise ValueError(f"index {version} was built with another model ({index.manifest.bundle_checksum[:12]})")
-    return replace(serving, index=index)
 
 
 class Reindexer:
@@ -56,45 +50,52 @@ class Reindexer:
         self.jobs = jobs
         self.lock = lock
         self.publish = publish
+        self.outcomes: dict[str, int] = {}  # "succeeded"/"failed" -> jobs, for /metrics
+        self.durations = Buckets((5, 15, 30, 60, 120, 300, 600))  # seconds from submit to done
 
-    def submit(self, mode: str, upload: list[Candidate]) -> Job:
+    def submit(self, mode: str, upload: list[Candidate], report: dict[str, Any] | None = None) -> Job:
         job = Job.new(mode)
         job.counts = {"uploaded": len(upload)}
-        if not self.lock.acquire(job.id):
+        job.report = dict(report or {})
+        lines = job.report.pop(RECORD_LINES, None)  # a line per record: too big to keep in the job
+        if not self.lock.acquire(job.token):
             raise Busy(f"reindex job {self.lock.holder()} is running")
         try:
             self.jobs.save(job)
-            threading.Thread(target=self._run, args=(job, upload), name=f"reindex-{job.id}", daemon=True).start()
+            threading.Thread(target=self._run, args=(job, upload, lines), name=f"reindex-{job.id}", daemon=True).start()
         except BaseException:
-            self.lock.release(job.id)
+            self.lock.release(job.token)
             raise
         return job
 
-    def _run(self, job: Job, upload: list[Candidate]) -> None:
+    def _run(self, job: Job, upload: list[Candidate], lines: list[int] | None = None) -> None:
         # Not Linux, or not permitted: the job runs at normal priority.
         with contextlib.suppress(OSError, AttributeError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
         stop_renewing = threading.Event()
-        threading.Thread(target=self._renew, args=(job.id, stop_renewing), daemon=True).start()
+        threading.Thread(target=self._renew, args=(job.token, stop_renewing), daemon=True).start()
         try:
             job.state = "running"
-            self._build_and_swap(job, upload)
+            self._build_and_swap(job, upload, lines)
             job.state, job.stage, job.progress = "succeeded", "done", 1.0
             log.info("reindex %s: now serving %s", job.id, job.version)
         except Exception as error:
             log.exception("reindex %s failed", job.id)
             job.state, job.error = "failed", f"{type(error).__name__}: {error}"
         finally:
+            self.outcomes[job.state] = self.outcomes.get(job.state, 0) + 1
+            self.durations.observe(time.time() - job.created_at)
             stop_renewing.set()
             # Released before the final state is saved: once a client sees
             # the job finished, its next upload must not get 409.
-            self.lock.release(job.id)
+            self.lock.release(job.token)
             self.jobs.save(job)
 
     def _renew(self, token: str, stop: threading.Event) -> None:
         while not stop.wait(5):
             try:
-                self.lock.renew(token)
+                if not self.lock.renew(token):
+                    log.error("reindex %s no longer holds the lock; it will not swap", token)
             except Exception:  # a Redis blip must not kill the job; the TTL covers it
                 log.warning("could not renew the reindex lock", exc_info=True)
 
@@ -102,14 +103,17 @@ class Reindexer:
         job.stage, job.progress = stage, round(fraction, 3)
         self.jobs.save(job)
 
-    def _build_and_swap(self, job: Job, upload: list[Candidate]) -> None:
-        serving = self.runtime.current()
-        job.previous_version = serving.index_version
+    def _build_and_swap(self, job: Job, upload: list[Candidate], lines: list[int] | None = None) -> None:
+        model = self.runtime.current_model()
+        serving = self.runtime.serving  # None until the first version exists: this job may build it
+        job.previous_version = serving.index_version if serving else None
         self._progress(job, "load", 0.0)
         current = self.candidates.all()
-        if not current and not self.candidates.written():
-            current = seed_from_index(self.runtime.store.path(serving.index_version))
+        if not current and not self.candidates.written() and serving is not None:
+            current = self.runtime.store.records(serving.index_version)
         merged = apply(current, job.mode, upload)
+        if job.mode != "delete":  # only here are the stored records known: the upload alone cannot tell
+            job.report["duplicates"] = duplicates(current, job.mode, upload, merged, lines)
         job.counts.update(candidates_before=len(current), candidates_after=len(merged))
         if not merged:
             raise ValueError("the upload would leave no candidates")
@@ -117,11 +121,11 @@ class Reindexer:
         # Its own session, created in this low-priority thread: its worker
         # threads inherit the niceness, so on an idle machine the build uses
         # every core and under load the scheduler favours live requests.
-        encoder = Encoder(serving.bundle_dir, serving.bundle, self.runtime.settings.ort_intra_op_threads)
+        encoder = Encoder(model.bundle_dir, model.bundle, self.runtime.settings.ort_intra_op_threads)
         manifest = build_version(
             merged,
             encoder,
-            serving.bundle.checksum,
+            model.bundle.checksum,
             self.runtime.store,
             source=f"admin:{job.mode}",
             progress=False,
@@ -131,10 +135,12 @@ class Reindexer:
         job.counts.update(replies=manifest.replies, queries=manifest.queries, encoded=manifest.encoded)
 
         self._progress(job, "swap", 0.0)
-        fresh = load_version(self.runtime, serving, manifest.version)
+        if not self.lock.renew(job.token):  # another replica may be reindexing: only the holder swaps
+            raise RuntimeError("lost the reindex lock before the swap; the built version was not served")
+        fresh = self.runtime.serve_version(manifest.version)
         self.candidates.replace(merged)  # only now: the new version is built and valid
         self.runtime.store.set_current(manifest.version)
-        self.runtime.serving = fresh
+        self.runtime.swap(fresh, f"reindex job {job.id}")
         self.publish(manifest.version)
         prune(self.runtime, keep=KEEP_VERSIONS)
 
@@ -148,9 +154,11 @@ class Reindexer:
             target = previous_version(self.runtime, serving)
             if target is None:
                 raise LookupError("no earlier index version built with this model")
-            fresh = load_version(self.runtime, serving, target)
+            fresh = self.runtime.serve_version(target)
+            # The store goes back with the index: the next upload builds on what is served.
+            self.candidates.replace(self.runtime.store.records(target))
             self.runtime.store.set_current(target)
-            self.runtime.serving = fresh
+            self.runtime.swap(fresh, "rollback")
             self.publish(target)
             return serving.index_version, target
         finally:

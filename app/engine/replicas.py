@@ -21,7 +21,6 @@ import redis
 import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
 
-from app.engine.reindex import load_version
 from app.engine.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -50,15 +49,14 @@ class Publisher:
 async def follow(runtime: Runtime, version: str | None) -> None:
     """Swap to `version` if it is not what this replica serves."""
     serving = runtime.serving
-    if version is None or serving is None or version == serving.index_version:
-        return
+    if version is None or runtime.model is None or (serving is not None and version == serving.index_version):
+        return  # nothing new, or no model to pair it with
     try:
-        fresh = await anyio.to_thread.run_sync(load_version, runtime, serving, version)
+        fresh = await anyio.to_thread.run_sync(runtime.serve_version, version)
     except (OSError, ValueError, KeyError) as error:
         log.error("cannot follow index %s: %s", version, error)
         return
-    runtime.serving = fresh
-    log.info("now serving %s, as another replica asked", version)
+    runtime.swap(fresh, "another replica's reindex")
 
 
 async def listen(runtime: Runtime, url: str, origin: str) -> None:

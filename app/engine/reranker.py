@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.engine.bundle import PolySpec
+from app.core.bundle import PolySpec
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:

@@ -5,17 +5,23 @@ Pure CPU code with no I/O: the caller runs it off the event loop.
 
 from __future__ import annotations
 
+import itertools
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
-from app.engine.bundle import BundleManifest
-from app.engine.encoder import Encoder
+from app.core.bundle import BundleManifest, Thresholds
+from app.core.encoder import Encoder
+from app.core.text import SCRIPT_OF_LANGUAGE, Signature, echoes, normalize, script_of
+from app.engine import confidence
+from app.engine.confidence import ConfidenceModel, ShareThreshold
+from app.engine.confidence import features as confidence_features
 from app.engine.reactions import ReactionClassifier
 from app.engine.reranker import PolyReranker
-from app.engine.text import normalize
 from index.store import IndexVersion
 
 Strategy = Literal["query_similarity", "reply_matching", "reaction"]
@@ -32,12 +38,59 @@ class Serving:
     bundle_dir: Path
     encoder: Encoder
     index: IndexVersion
+    # The bundle's thresholds, the reply-matching one set from the configured reaction share.
+    thresholds: Thresholds
     reranker: PolyReranker | None = None  # the bundle's poly head, if it has one
     reactions: ReactionClassifier | None = None  # the bundle's reaction classifier, if it has one
+    confidence: ConfidenceModel | None = None  # the bundle's confidence model, if it has one
+    # The reply-matching threshold that keeps the configured share of recent turns for reactions.
+    share: ShareThreshold | None = None
 
     @property
     def index_version(self) -> str:
         return self.index.version
+
+    def reaction_script(self, turns: Sequence[str]) -> str | None:
+        """The script a reaction to these turns must be written in, None for no reaction.
+
+        The script most letters of the whole window are in, so "😂" after a
+        Korean line is still Korean. A window with no letters at all (emoji,
+        "?!") gets the script of the bundle's language: Latin for an English
+        bundle, none for a multilingual one, which has no language to assume."""
+        return script_of(list(turns)) or SCRIPT_OF_LANGUAGE.get(self.bundle.language)
+
+    def uploaded_reactions(self, turns: Sequence[str]) -> np.ndarray:
+        """[X'] rows of the index version's uploaded reactions written in the conversation's script."""
+        index = self.index
+        script = self.reaction_script(turns)
+        if index.reaction_vectors is None or script is None:
+            return np.empty(0, dtype=np.int64)
+        scripts = [SCRIPT_OF_LANGUAGE.get(language) for language in index.reaction_languages]
+        return np.array([i for i, s in enumerate(scripts) if s == script], dtype=np.int64)
+
+    def classifier_applies(self, turns: Sequence[str]) -> bool:
+        """Whether the bundle's reaction classifier speaks the conversation's language (its script, at least)."""
+        if self.reactions is None:
+            return False
+        script = self.reaction_script(turns)
+        return script is not None and script == SCRIPT_OF_LANGUAGE.get(self.reactions.language)
+
+    def reactions_apply(self, turns: Sequence[str]) -> bool:
+        """Whether some reaction set fits the conversation: no English reaction in a Korean conversation."""
+        return len(self.uploaded_reactions(turns)) > 0 or self.classifier_applies(turns)
+
+    def reaction_sets(self) -> list[ReactionSet]:
+        """Every reaction set this snapshot can answer from: the model's, then those uploaded, by language."""
+        sets = [ReactionSet("model", self.reactions.language, len(self.reactions.labels))] if self.reactions else []
+        uploaded = Counter(self.index.reaction_languages) if self.index.reaction_vectors is not None else Counter()
+        return sets + [ReactionSet("upload", language, n) for language, n in sorted(uploaded.items())]
+
+
+@dataclass(frozen=True)
+class ReactionSet:
+    source: Literal["model", "upload"]
+    language: str  # BCP 47
+    count: int  # reactions in the set
 
 
 @dataclass(frozen=True)
@@ -56,12 +109,32 @@ def _search(index: object, vector: np.ndarray, k: int) -> tuple[np.ndarray, np.n
     return scores[0][keep], rows[0][keep]
 
 
-def _distinct(hits: list[Scored], k: int, exclude: set[str]) -> list[Scored]:
-    """First hit per reply, skipping excluded reply texts (normalised)."""
+@dataclass(frozen=True)
+class Avoid:
+    """What no candidate may be: a reply excluded by its normalised text (the
+    bot's recent replies in a session), or a near copy of a turn of the
+    conversation (the user's own words said back)."""
+
+    texts: frozenset[str] = frozenset()
+    turns: tuple[Signature, ...] = ()
+
+    @classmethod
+    def of(cls, turns: list[str], excluded: set[str] | None = None) -> Avoid:
+        return cls(frozenset(excluded or ()), tuple(Signature.of(t) for t in turns))
+
+    def __len__(self) -> int:
+        return len(self.texts) + len(self.turns)
+
+    def blocks(self, text: str) -> bool:
+        return normalize(text) in self.texts or echoes(text, list(self.turns))
+
+
+def _distinct(hits: list[Scored], k: int, avoid: Avoid) -> list[Scored]:
+    """First hit per reply, skipping what `avoid` blocks."""
     seen: set[int] = set()
     out = []
     for hit in hits:
-        if hit.reply_row in seen or normalize(hit.text) in exclude:
+        if hit.reply_row in seen or avoid.blocks(hit.text):
             continue
         seen.add(hit.reply_row)
         out.append(hit)
@@ -70,26 +143,30 @@ def _distinct(hits: list[Scored], k: int, exclude: set[str]) -> list[Scored]:
     return out
 
 
-def query_similarity(serving: Serving, query_vector: np.ndarray, k: int, exclude: set[str]) -> list[Scored]:
+# A few stored texts can be echoes or excluded; search this much deeper than k.
+OVERFETCH = 8
+
+
+def query_similarity(serving: Serving, query_vector: np.ndarray, k: int, avoid: Avoid) -> list[Scored]:
     """Stored queries nearest to the last utterance -> the replies paired with them."""
     index = serving.index
-    # Several stored queries can share a reply, and excluded replies are
+    # Several stored queries can share a reply, and blocked replies are
     # dropped afterwards, so over-fetch.
-    scores, rows = _search(index.query_index, query_vector, 2 * k + len(exclude))
+    scores, rows = _search(index.query_index, query_vector, 2 * k + len(avoid) + OVERFETCH)
     hits = []
     for score, row in zip(scores.tolist(), rows.tolist(), strict=True):
         reply_row = int(index.query_reply_rows[row])
         hits.append(
             Scored(reply_row, index.reply_ids[reply_row], index.reply_texts[reply_row], score, "query_similarity")
         )
-    return _distinct(hits, k, exclude)
+    return _distinct(hits, k, avoid)
 
 
 def reply_matching(
     serving: Serving,
     context_vector: np.ndarray,
     k: int,
-    exclude: set[str],
+    avoid: Avoid,
     poly_vectors: np.ndarray | None = None,
     rerank_depth: int = 50,
 ) -> list[Scored]:
@@ -97,14 +174,17 @@ def reply_matching(
 
     context_vector: [D]. With poly_vectors ([m, D]) the FAISS top
     `rerank_depth` are rescored by the poly head before the top k are taken.
+    At least `confidence.DEPTH` hits come back, for the confidence features;
+    the caller keeps k.
     """
     index = serving.index
-    depth = max(k, rerank_depth) if poly_vectors is not None else k
-    scores, rows = _search(index.reply_index, context_vector, depth + len(exclude))
+    wanted = max(k, confidence.DEPTH)
+    depth = max(wanted, rerank_depth) if poly_vectors is not None else wanted
+    scores, rows = _search(index.reply_index, context_vector, depth + len(avoid) + OVERFETCH)
     if poly_vectors is not None and len(rows):
         if serving.reranker is None:
             raise ValueError("poly vectors given but the bundle has no poly head")
-        replies = np.asarray(index.reply_vectors[rows])  # [K, D]
+        replies = index.reply_vectors(rows)  # [K, D]
         scores = serving.reranker.rescore(poly_vectors, scores, replies)  # [K]
         order = np.argsort(-scores, kind="stable")
         scores, rows = scores[order], rows[order]
@@ -112,25 +192,107 @@ def reply_matching(
         Scored(row, index.reply_ids[row], index.reply_texts[row], score, "reply_matching")
         for score, row in zip(scores.tolist(), rows.tolist(), strict=True)
     ]
-    return _distinct(hits, k, exclude)
+    return _distinct(hits, wanted, avoid)
 
 
-def reaction(serving: Serving, context_vector: np.ndarray, k: int, exclude: set[str]) -> list[Scored]:
-    """The reaction classes likeliest after this context; score is the class probability."""
-    if serving.reactions is None:
+def reaction(serving: Serving, context_vector: np.ndarray, k: int, avoid: Avoid, turns: Sequence[str]) -> list[Scored]:
+    """The reactions that fit this context best, from a set that speaks its language.
+
+    Reactions uploaded with the candidates come first, nearest to the context
+    vector (score: the cosine); else the bundle's classifier (score: the class
+    probability), if its language fits. A reaction is no exception to the echo
+    rule: "haha" after "haha" says the user's own words back."""
+    rows = serving.uploaded_reactions(turns)
+    index = serving.index
+    if len(rows) and index.reaction_vectors is not None:
+        scores = index.reaction_vectors[rows] @ context_vector  # [X']
+        order = np.argsort(-scores, kind="stable")
+        hits = [
+            Scored(-1, index.reaction_ids[rows[i]], index.reaction_texts[rows[i]], float(scores[i]), "reaction")
+            for i in order
+        ]
+    elif serving.classifier_applies(turns) and serving.reactions is not None:
+        classifier = serving.reactions
+        hits = [
+            Scored(-1, f"reaction:{c}", classifier.labels[c], p, "reaction")
+            for c, p in classifier.top(context_vector, len(classifier.labels))
+        ]
+    else:
         return []
-    classifier = serving.reactions
-    hits = [
-        Scored(-1, f"reaction:{c}", classifier.labels[c], p, "reaction")
-        for c, p in classifier.top(context_vector, k + len(exclude))
-    ]
-    return [h for h in hits if normalize(h.text) not in exclude][:k]
+    return list(itertools.islice((h for h in hits if not avoid.blocks(h.text)), k))
 
 
 @dataclass(frozen=True)
 class Answer:
     best: Scored
     candidates: list[Scored]
+    reranked: bool = False  # whether the poly head ordered reply matching's candidates
+    confidence: float | None = None  # reply matching's, when it ran and the bundle has a confidence model
+
+
+@dataclass(frozen=True)
+class WalkRequest:
+    """What one `/reply` asks of the strategies, with the vectors it already has."""
+
+    window: list[str]  # the turns the context vector saw, oldest first
+    allowed: Sequence[Strategy]
+    k: int
+    thresholds: Thresholds
+    avoid: Avoid
+    query_vector: np.ndarray | None  # [D] the last turn, when query similarity may answer
+    context_vector: np.ndarray | None  # [D] the joined context, when reply matching or a reaction may
+    poly_vectors: np.ndarray | None  # [m, D] when reply matching reranks
+    rerank_depth: int = 50
+    threshold_given: bool = False  # the request set its own reply-matching threshold: no rolling share
+
+
+def walk(serving: Serving, request: WalkRequest) -> Answer | None:
+    """The strategies in the fixed order (DESIGN.md); None when every candidate is blocked.
+
+    1. query similarity answers if its top cosine reaches its threshold;
+    2. reply matching answers if its confidence reaches its threshold, or if
+       no reaction could answer instead;
+    3. otherwise a reaction answers, with reply matching's hits as the
+       alternatives after it.
+
+    If nothing is confident and no later strategy is allowed, the last one
+    tried answers anyway: a low-confidence reply beats no reply.
+    """
+    k, allowed, thresholds = request.k, request.allowed, request.thresholds
+    can_react = "reaction" in allowed and serving.reactions_apply(request.window)
+    fallback: list[Scored] = []
+    if "query_similarity" in allowed and request.query_vector is not None:
+        hits = query_similarity(serving, request.query_vector, k, request.avoid)
+        if hits and hits[0].score >= thresholds.query_similarity:
+            return Answer(hits[0], hits)
+        fallback = hits
+    matched: list[Scored] = []
+    confidence = None
+    vector = request.context_vector
+    if "reply_matching" in allowed and vector is not None:
+        matched = reply_matching(serving, vector, k, request.avoid, request.poly_vectors, request.rerank_depth)
+        if matched:
+            threshold = thresholds.reply_matching
+            if serving.confidence is not None:
+                features = confidence_features([h.score for h in matched], request.window, matched[0].text)
+                confidence = serving.confidence(features)
+                if serving.share is not None:
+                    serving.share.observe(confidence)
+                    if not request.threshold_given:
+                        threshold = serving.share.threshold()
+            sure = (matched[0].score if confidence is None else confidence) >= threshold
+            reranked = request.poly_vectors is not None
+            if sure or not can_react:
+                return Answer(matched[0], matched[:k], reranked, confidence)
+    if can_react and vector is not None:
+        reactions = reaction(serving, vector, k, request.avoid, request.window)
+        if reactions:
+            # The retrieved replies it passed over are the alternatives worth showing.
+            shown = [reactions[0], *matched][:k] if matched else reactions
+            return Answer(reactions[0], shown, False, confidence)
+    if matched:
+        return Answer(matched[0], matched[:k], request.poly_vectors is not None, confidence)
+    return Answer(fallback[0], fallback) if fallback else None
 
 
 def search_queries(serving: Serving, vector: np.ndarray, k: int) -> tuple[list[float], list[int]]:

@@ -1,33 +1,42 @@
 """Everything a request needs, loaded once at startup.
 
-`Runtime.serving` is the one reference to the current (bundle, index) pair.
-Replacing it is a single assignment, so a request that read it keeps its
-snapshot to the end while later requests see the new one.
+The model (the bundle and what it carries) loads first; `Runtime.serving`
+pairs it with an index version. A deployment that brings its own candidates
+starts with the model alone, not ready, and its first upload builds the
+first version. `Runtime.serving` is the one reference to the current
+(model, index) pair; replacing it is a single assignment, so a request that
+read it keeps its snapshot to the end while later requests see the new one.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import faiss
 from threadpoolctl import threadpool_limits
 
 from app.config import Settings
-from app.engine.bundle import ranked_bundles, read_manifest, verify_files
+from app.core.bundle import BundleError, BundleManifest, open_bundle
+from app.core.encoder import Encoder
 from app.engine.cache import EmbeddingCache
 from app.engine.compute import ComputePool
-from app.engine.encoder import Encoder
+from app.engine.confidence import ConfidenceModel
+from app.engine.encoding import EncoderQueue, encoder_queue
 from app.engine.kv import Guarded, open_store
 from app.engine.reactions import ReactionClassifier
 from app.engine.reranker import PolyReranker
 from app.engine.retriever import Serving
 from app.engine.sessions import SessionStore
-from index.store import IndexStore
+from index.store import IndexStore, IndexVersion
 
 log = logging.getLogger(__name__)
+
+# A query-similarity threshold no cosine reaches (rounding can put one a hair
+# over 1), and finite, so /info's JSON can carry it: query similarity is off.
+QUERY_SIMILARITY_OFF = 1.01
 
 
 class NotReady(Exception):
@@ -41,7 +50,9 @@ class Runtime:
     cache: EmbeddingCache
     sessions: SessionStore
     pool: ComputePool
+    encoder_queue: EncoderQueue
     store: IndexStore
+    model: Model | None = None
     serving: Serving | None = None
     problem: str | None = None  # why serving is None, for /readyz
 
@@ -51,42 +62,110 @@ class Runtime:
             raise NotReady(self.problem or "still loading")
         return serving
 
+    def current_model(self) -> Model:
+        if self.model is None:
+            raise NotReady(self.problem or "still loading")
+        return self.model
+
+    def serve_version(self, version: str) -> Serving:
+        """The loaded model with another index version of the store."""
+        return serve(self.current_model(), self.store.load(version), self.settings)
+
+    def swap(self, serving: Serving, why: str) -> Serving | None:
+        """Serve `serving` from the next request on; returns what served before.
+
+        The one place the serving snapshot changes. A single assignment: a
+        request that read the old snapshot keeps it to its end."""
+        before, self.serving = self.serving, serving
+        self.problem = None
+        log.info(
+            "now serving bundle %s with index %s (%s; was %s)",
+            serving.bundle.name,
+            serving.index_version,
+            why,
+            before.index_version if before else "nothing",
+        )
+        return before
+
     async def close(self) -> None:
+        await self.encoder_queue.close()
         await self.kv.close()
 
 
-def _pick(settings: Settings, store: IndexStore) -> tuple[Path, str]:
-    """The configured bundle, or the best servable one that has an index.
+@dataclass(frozen=True)
+class Model:
+    """A loaded bundle: what serving needs of it besides an index."""
 
-    Vectors from one model are never searched with another: a bundle is
-    served only with an index version built with its checksum."""
-    candidates = [settings.bundle_dir] if settings.bundle_dir else ranked_bundles(settings.bundles_root)
-    if not candidates:
-        raise NotReady(f"no model bundle under {settings.bundles_root}; run `make artifacts`")
-    for bundle_dir in candidates:
-        version = store.latest_for(read_manifest(bundle_dir).checksum)
-        if version is not None:
-            if bundle_dir != candidates[0]:
-                log.warning(
-                    "bundle %s has no index; serving %s. Run `make index`.", candidates[0].name, bundle_dir.name
-                )
-            return bundle_dir, version
-    raise NotReady(f"no index version built with bundle {candidates[0].name}; run `make index`")
+    bundle: BundleManifest
+    bundle_dir: Path
+    encoder: Encoder
+    reranker: PolyReranker | None
+    reactions: ReactionClassifier | None
+    confidence: ConfidenceModel | None
+
+
+def load_model(settings: Settings) -> Model:
+    bundle_dir = settings.bundle_dir
+    bundle = open_bundle(bundle_dir)  # a bundle whose files do not match its manifest stops here
+    encoder = Encoder(bundle_dir, bundle, intra_op_threads=settings.ort_intra_op_threads)
+    if bundle.poly is not None and not encoder.has_poly:
+        raise BundleError(f"bundle {bundle.name}: the manifest names a poly head the encoder graph lacks")
+    return Model(
+        bundle=bundle,
+        bundle_dir=bundle_dir,
+        encoder=encoder,
+        reranker=PolyReranker(bundle.poly) if bundle.poly is not None else None,
+        reactions=ReactionClassifier.load(bundle_dir, bundle.reactions) if bundle.reactions is not None else None,
+        confidence=ConfidenceModel(bundle.confidence) if bundle.confidence is not None else None,
+    )
+
+
+def serve(model: Model, index: IndexVersion, settings: Settings) -> Serving:
+    """The model with an index version, and the thresholds the pair gets.
+
+    Vectors from one model are never searched with another."""
+    if index.manifest.bundle_checksum != model.bundle.checksum:
+        raise ValueError(f"index {index.version} was built with another model ({index.manifest.bundle_checksum[:12]})")
+    thresholds = model.bundle.thresholds
+    if not model.bundle.calibration:
+        # Never calibrated (a zero-shot bundle): query similarity answers only for a last turn
+        # closer to a stored query than 99% of stored queries are to their nearest neighbour.
+        # With fewer than two stored queries there is no such figure, and the untrained default
+        # would let one stored query answer nearly every turn: query similarity is off.
+        p99 = index.manifest.profile.get("query_neighbour_p99", QUERY_SIMILARITY_OFF)
+        thresholds = replace(thresholds, query_similarity=p99)
+    if model.confidence is not None and model.reactions is not None:
+        # The product setting: this share of turns, the least confident, goes to reactions.
+        thresholds = replace(thresholds, reply_matching=model.confidence.threshold_for_share(settings.reaction_share))
+    return Serving(
+        model.bundle,
+        model.bundle_dir,
+        model.encoder,
+        index,
+        thresholds,
+        model.reranker,
+        model.reactions,
+        model.confidence,
+    )
+
+
+def no_index(bundle: BundleManifest) -> NotReady:
+    return NotReady(
+        f"no index version built with bundle {bundle.name} yet: run `make index`, "
+        "or upload candidates (POST /admin/candidates)"
+    )
 
 
 def load_serving(settings: Settings, store: IndexStore) -> Serving:
-    bundle_dir, version = _pick(settings, store)
-    bundle = read_manifest(bundle_dir)
-    verify_files(bundle_dir, bundle)
+    """The configured bundle with the newest index version built with it."""
     started = time.perf_counter()
-    encoder = Encoder(bundle_dir, bundle, intra_op_threads=settings.ort_intra_op_threads)
-    index = store.load(version)
-    if bundle.poly is not None and not encoder.has_poly:
-        raise ValueError(f"bundle {bundle.name}: the manifest names a poly head the encoder graph lacks")
-    reranker = PolyReranker(bundle.poly) if bundle.poly is not None else None
-    reactions = ReactionClassifier.load(bundle_dir, bundle.reactions) if bundle.reactions is not None else None
-    log.info("serving bundle %s with index %s (loaded in %.1fs)", bundle.name, version, time.perf_counter() - started)
-    return Serving(bundle, bundle_dir, encoder, index, reranker, reactions)
+    model = load_model(settings)
+    version = store.latest_for(model.bundle.checksum)
+    if version is None:
+        raise no_index(model.bundle)
+    serving = serve(model, store.load(version), settings)
+    log.info("loaded bundle %s and index %s in %.1fs", model.bundle.name, version, time.perf_counter() - started)
+    return serving
 
 
 def limit_cpu_threads(settings: Settings) -> None:
@@ -111,11 +190,18 @@ def build_runtime(settings: Settings) -> Runtime:
         kv=kv,
         cache=EmbeddingCache(kv, settings.cache_local_entries, settings.cache_ttl_s),
         sessions=SessionStore(kv, settings.session_max_turns, settings.session_ttl_s),
-        pool=ComputePool(settings.max_pending),
+        pool=ComputePool(settings.max_pending, workers=settings.search_threads),
+        encoder_queue=encoder_queue(settings.batch_max_tokens, settings.batch_max_wait_ms, settings.max_pending),
         store=store,
     )
     try:
-        runtime.serving = load_serving(settings, store)
+        started = time.perf_counter()
+        runtime.model = load_model(settings)
+        runtime.cache.lowercase = runtime.model.encoder.lowercases
+        version = store.latest_for(runtime.model.bundle.checksum)
+        if version is None:
+            raise no_index(runtime.model.bundle)
+        runtime.swap(runtime.serve_version(version), f"startup, loaded in {time.perf_counter() - started:.1f}s")
     except (NotReady, FileNotFoundError, ValueError) as error:
         runtime.problem = str(error)
         log.error("not ready: %s", error)

@@ -1,0 +1,273 @@
+"""`make bench-load`: the service against a naive one, under wrk, on loopback.
+
+    python -m bench.load [--duration 20] [--clients 1 32] [--bundle DIR] [--artifacts DIR]
+
+Starts the service on a bundle (default: the release bundle; any bundle with
+an index under --artifacts, so the bench runs before a release exists) and
+that index (about 96k chitchat replies), then the naive service
+(`bench/naive.py`: sentence-transformers in PyTorch, FAISS exact search, one
+FastAPI route) on the same index version's replies, one after the other, and
+drives each with wrk (`bench/load.lua`) at each client count. Every request
+is a multi-turn context from the held-out conversations, and the script ends
+its last turn with a tag no other request carries (run, thread, counter), so
+however many requests a run sends, neither the context nor the last
+utterance repeats and nothing is served from a cache. Also measured for the
+service: seconds from process start to /readyz 200 with the artifacts
+present, and resident memory after the load. Writes reports/load.md and
+reports/load.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from app.core.bundle import RELEASE_BUNDLE, open_bundle
+from bench.latency import free_port
+from index.corpus import load_pairs
+from index.store import IndexStore
+
+ROOT = Path(__file__).resolve().parents[1]
+WARMUP = 500  # contexts for an unmeasured first run, which pays for lazy initialisation
+# The API takes at most 1000 characters a turn; load.lua appends a tag of up to ~30 to the last one.
+MAX_TURN_CHARS = 960
+
+
+def contexts(max_turns: int = 3) -> list[list[str]]:
+    """Distinct multi-turn contexts from the held-out splits, shuffled once (seed 0)."""
+    import random
+
+    seen: set[str] = set()
+    unique = []
+    for split in ("test", "validation"):
+        for pair in load_pairs(split, max_turns):  # type: ignore[arg-type]
+            turns = [t[:MAX_TURN_CHARS] for t in pair.context]
+            key = "\x1f".join(turns)
+            if len(turns) >= 2 and key not in seen:
+                seen.add(key)
+                unique.append(turns)
+    random.Random(0).shuffle(unique)
+    return unique
+
+
+def start(command: list[str], port: int, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], float]:
+    """Starts a server; returns it and the seconds until /readyz answered 200."""
+    started = time.perf_counter()
+    server = subprocess.Popen(command, cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/readyz"
+    while time.perf_counter() - started < 900:
+        if server.poll() is not None:
+            raise RuntimeError(f"{command} exited with {server.returncode}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return server, time.perf_counter() - started
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(url)
+
+
+def stop(server: subprocess.Popen[bytes]) -> None:
+    if server.poll() is None:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of a process and its children (uvicorn runs in-process; make would not)."""
+    total = 0
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            text = status.read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+        if int(fields.get("Tgid", "0").strip() or 0) == pid or fields.get("PPid", "").strip() == str(pid):
+            total += int(fields.get("VmRSS", "0 kB").split()[0] or 0)
+    return total / 1024
+
+
+def wrk(port: int, clients: int, duration: int, bodies: Path, tag: str) -> dict[str, Any]:
+    command = [
+        "wrk",
+        "-t1",
+        f"-c{clients}",
+        f"-d{duration}s",
+        "--timeout",
+        "10s",
+        "-s",
+        str(ROOT / "bench" / "load.lua"),
+        f"http://127.0.0.1:{port}",
+        "--",
+        str(bodies),
+        tag,
+    ]
+    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    figures = json.loads(output.strip().splitlines()[-1])
+    seconds = figures["duration_us"] / 1e6
+    return {
+        "rps": round(figures["requests"] / seconds, 1),
+        "p50_ms": round(figures["p50_us"] / 1000, 2),
+        "p99_ms": round(figures["p99_us"] / 1000, 2),
+        "max_ms": round(figures["max_us"] / 1000, 2),
+        "errors": figures["errors"],
+        "requests": figures["requests"],
+    }
+
+
+def write_bodies(path: Path, chosen: list[list[str]]) -> Path:
+    """One body a line, cut open inside its last turn: load.lua closes it with the request's own tag."""
+    lines = []
+    for context in chosen:
+        body = json.dumps({"context": context})
+        assert body.endswith('"]}'), body
+        lines.append(body[: -len('"]}')] + "\n")
+    path.write_text("".join(lines))
+    return path
+
+
+def drive(
+    service: str,
+    command: list[str],
+    env: dict[str, str],
+    port: int,
+    runs: list[tuple[int, Path]],
+    duration: int,
+    nonce: str,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """runs: (clients, file of base contexts); each run's tag differs, so no two requests are alike."""
+    server, ready_s = start(command, port, env)
+    rows = []
+    try:
+        for i, (clients, bodies) in enumerate(runs):
+            row = {"service": service, "clients": clients, **wrk(port, clients, duration, bodies, f"{nonce}r{i}")}
+            row["base_contexts"] = sum(1 for _ in bodies.open())  # each sent with a unique tag, however often
+            print(f"[load] {row}", flush=True)
+            rows.append(row)
+        extra = {"ready_seconds": round(ready_s, 1), "rss_mb_after_load": round(rss_mb(server.pid), 1)}
+    finally:
+        stop(server)
+    return rows, extra
+
+
+def markdown(
+    rows: list[dict[str, Any]],
+    extra: dict[str, dict[str, Any]],
+    cores: int,
+    duration: int,
+    bundle: str,
+    version: str,
+) -> str:
+    lines = [
+        f"`/reply` under wrk on loopback, {cores} cores shared by the server and wrk, {duration} s per row, every "
+        "request a multi-turn held-out context whose last turn ends with a tag no other request carries (no "
+        f'cache hits). "project": this service on bundle {bundle} and index {version} (rerank on); "naive": '
+        "sentence-transformers in PyTorch + FAISS exact search + one FastAPI route, on the same replies.",
+        "",
+        "| service | clients | rps | p50 | p99 | errors |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['service']} | {r['clients']} | {r['rps']:.1f} | {r['p50_ms']:.1f} ms | {r['p99_ms']:.1f} ms | "
+            f"{r['errors']} |"
+        )
+    by = {(r["service"], r["clients"]): r for r in rows}
+    for clients in sorted({r["clients"] for r in rows}):
+        ours, naive = by.get(("project", clients)), by.get(("naive", clients))
+        if ours and naive and naive["rps"]:
+            lines.append(f"| ratio | {clients} | {ours['rps'] / naive['rps']:.1f}× | | | |")
+    p, naive = extra.get("project", {}), extra.get("naive", {})
+    lines += [
+        "",
+        f"Project: ready {p.get('ready_seconds')} s after start with its artifacts present; resident memory "
+        f"{p.get('rss_mb_after_load')} MB after the load. Naive: ready {naive.get('ready_seconds')} s.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=int, default=20)
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 32])
+    parser.add_argument(
+        "--bundle", type=Path, default=RELEASE_BUNDLE, help="the bundle to serve (default: the release)"
+    )
+    parser.add_argument("--artifacts", type=Path, default=ROOT / "artifacts", help="holds an index for the bundle")
+    parser.add_argument("--skip-naive", action="store_true")
+    parser.add_argument("--out", type=Path, default=ROOT / "reports")
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        sys.exit("wrk is not installed: apt-get install wrk")
+    bundle_dir, artifacts = args.bundle.resolve(), args.artifacts.resolve()
+    bundle = open_bundle(bundle_dir)
+    store = IndexStore(artifacts / "indexes")
+    version = store.latest_for(bundle.checksum)
+    if version is None:
+        sys.exit(
+            f"no index for bundle {bundle.name} under {artifacts}: "
+            f"python -m index.build --bundle {bundle_dir} --artifacts {artifacts}"
+        )
+    print(f"[load] bundle {bundle.name} ({bundle_dir}), index {version}", flush=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHITCHAT_")}  # no Redis: nothing shared
+    envs = {
+        "project": {**env, "CHITCHAT_BUNDLE_DIR": str(bundle_dir), "CHITCHAT_ARTIFACTS_DIR": str(artifacts)},
+        # The naive service answers from the same index version's replies (its own vectors, cached by model).
+        "naive": {**env, "NAIVE_INDEX_DIR": str(store.path(version)), "NAIVE_CACHE_DIR": str(artifacts / "bench")},
+    }
+    pool = contexts()
+    nonce = os.urandom(3).hex()  # a fresh tag per invocation too, should a cache outlive a run
+    rows: list[dict[str, Any]] = []
+    extra: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        warmup = write_bodies(Path(tmp) / "warmup.jsonl", pool[:WARMUP])
+        share = (len(pool) - WARMUP) // len(args.clients)
+        runs = [
+            (clients, write_bodies(Path(tmp) / f"{clients}.jsonl", pool[WARMUP + i * share : WARMUP + (i + 1) * share]))
+            for i, clients in enumerate(args.clients)
+        ]
+        # The first requests pay for lazy initialisation: a short unmeasured run on contexts of its own.
+        services = {"project": ["app.main:create_app", "--factory"], "naive": ["bench.naive:app"]}
+        if args.skip_naive:
+            del services["naive"]
+        for service, target in services.items():
+            port = free_port()
+            command = [sys.executable, "-m", "uvicorn", *target, "--host", "127.0.0.1", "--port", str(port)]
+            command += ["--no-access-log", "--log-level", "warning"]
+            measured, extra[service] = drive(
+                service, command, envs[service], port, [(4, warmup), *runs], args.duration, nonce
+            )
+            rows += measured[1:]
+    cores = os.cpu_count() or 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = {
+        "cores": cores,
+        "duration_s": args.duration,
+        "bundle": bundle.name,
+        "bundle_dir": str(bundle_dir),
+        "index_version": version,
+        "unique_requests": "every request's last turn carries its own tag (bench/load.lua)",
+        "rows": rows,
+        **extra,
+    }
+    (args.out / "load.json").write_text(json.dumps(report, indent=2) + "\n")
+    (args.out / "load.md").write_text(markdown(rows, extra, cores, args.duration, bundle.name, version))
+    print((args.out / "load.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
