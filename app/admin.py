@@ -50,7 +50,7 @@ def build_admin(settings: Settings, runtime: Runtime) -> Admin:
     try:
         for job_id in fail_interrupted(jobs, lock):
             log.warning("reindex job %s was interrupted by a restart; marked failed", job_id)
-    except (redis.RedisError, OSError) as error:
+    except Exception as error:  # a bad job record must not stop the replica from starting
         log.warning("could not check for interrupted jobs: %s", error)
     origin = replica_id()
     reindexer = Reindexer(runtime, candidates, jobs, lock, Publisher(client, origin))

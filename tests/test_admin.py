@@ -32,12 +32,6 @@ def own_artifacts(artifacts: Path, tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def clean_redis(redis_client: redis.Redis) -> redis.Redis:
-    redis_client.flushdb()
-    return redis_client
-
-
-@pytest.fixture
 async def admin_client(make_client: AppFactory, own_artifacts: Path) -> AsyncIterator[httpx.AsyncClient]:
     async with make_client(artifacts_dir=own_artifacts, admin_token=TOKEN) as client:
         yield client
@@ -45,7 +39,7 @@ async def admin_client(make_client: AppFactory, own_artifacts: Path) -> AsyncIte
 
 async def wait_for(client: httpx.AsyncClient, job_id: str, timeout_s: float = 60) -> dict[str, Any]:
     for _ in range(int(timeout_s * 20)):
-        job = (await client.get(f"/admin/jobs/{job_id}", headers=AUTH)).json()
+        job: dict[str, Any] = (await client.get(f"/admin/jobs/{job_id}", headers=AUTH)).json()
         if job["state"] in ("succeeded", "failed"):
             return job
         await asyncio.sleep(0.05)
@@ -53,7 +47,8 @@ async def wait_for(client: httpx.AsyncClient, job_id: str, timeout_s: float = 60
 
 
 async def upload(client: httpx.AsyncClient, records: list[dict[str, Any]], mode: str = "append") -> dict[str, Any]:
-    response = await client.post(f"/admin/candidates?mode={mode}", json=records, headers=AUTH)
+    path = "/admin/candidates/delete" if mode == "delete" else f"/admin/candidates?mode={mode}"
+    response = await client.post(path, json=records, headers=AUTH)
     assert response.status_code == 202, response.text
     return await wait_for(client, response.json()["job_id"])
 
@@ -64,6 +59,7 @@ async def version_of(client: httpx.AsyncClient) -> str:
 
 ADMIN_CALLS = [
     ("POST", "/admin/candidates", [{"reply": "hi"}]),
+    ("POST", "/admin/candidates/delete", [{"id": "x"}]),
     ("GET", "/admin/jobs/abc", None),
     ("GET", "/admin/index", None),
     ("POST", "/admin/rollback", None),
@@ -137,6 +133,19 @@ BAD_UPLOADS: list[tuple[str, bytes, str, int, str]] = [
     ("bad id", b'[{"reply": "a", "id": "has space"}]', "application/json", 422, "record 1.id"),
     ("bad ndjson line", b'{"reply": "a"}\n{oops\n', "application/x-ndjson", 422, "line 2"),
     ("reply too long", json.dumps([{"reply": "a" * 1001}]).encode(), "application/json", 422, "record 1.reply"),
+    ("NUL in a reply", json.dumps([{"reply": "a\u0000b"}]).encode(), "application/json", 422, "record 1.reply"),
+    ("csv without a reply column", b"question,answer\nq,a\n", "text/csv", 422, "body"),
+    ("csv with a blank reply", "query,reply\nhi,hello\nhey,\u00a0\n".encode(), "text/csv", 422, "line 3.reply"),
+    # Not the reply "hello" with the rest dropped.
+    ("csv with an unquoted comma", b"query,reply\nhi there,hello, how are you today\n", "text/csv", 422, "line 2"),
+    ("csv repeating a column", b"query,reply,reply\nhi,hello,hey\n", "text/csv", 422, "body"),
+    (
+        "metadata too deep",
+        json.dumps([{"reply": "a", "metadata": {"k": {"nested": 1}}}]).encode(),
+        "application/json",
+        422,
+        "record 1.metadata.k",
+    ),
 ]
 
 
@@ -193,6 +202,14 @@ async def test_rollback_serves_the_previous_version(admin_client: httpx.AsyncCli
     assert response.json() == {"from": job["version"], "to": first}
     assert await version_of(admin_client) == first
     assert (await admin_client.post("/admin/rollback", headers=AUTH)).status_code == 409  # nothing older
+    # The candidate store went back too: the next upload builds on what is served, not on what was rolled back.
+    again = await upload(admin_client, [{"reply": "newer", "query": "and now?"}])
+    assert again["counts"]["candidates_after"] == job["counts"]["candidates_before"] + 1
+    texts = [
+        c["text"]
+        for c in (await admin_client.post("/reply", json={"context": ["what's new?"], "k": 50})).json()["candidates"]
+    ]
+    assert "new!" not in texts
 
 
 async def test_a_crash_mid_build_leaves_the_current_version_and_fails_the_job(
@@ -259,3 +276,191 @@ async def test_two_replicas_converge_on_the_new_version(
         assert body["reply"] == "seen everywhere"
         # The candidate store is shared: B's view of it includes A's upload.
         assert (await replica_b.get("/admin/index", headers=AUTH)).json()["stored_candidates"] > 1
+
+
+async def test_skip_indexes_the_valid_records_and_reports_the_rest(admin_client: httpx.AsyncClient) -> None:
+    lines = [
+        {"query": "what is your favourite tree?", "reply": "an old oak, no question", "id": "oak"},
+        {"reply": "x" * 1001, "id": "too-long"},  # never truncated: skipped and reported
+        {"query": "are you a night owl?", "reply": "totally, 2am is my time"},
+        {"reply": "\u200b"},
+        {"reply": "an old oak, no question", "id": "oak-again"},  # the same text under another id
+    ]
+    body = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    rejected = await admin_client.post(
+        "/admin/candidates", content=body, headers={**AUTH, "content-type": "application/x-ndjson"}
+    )
+    assert rejected.status_code == 422 and rejected.json()["error"]["field"] == "line 2.reply"
+    assert "on_invalid=skip" in rejected.json()["error"]["message"]
+
+    response = await admin_client.post(
+        "/admin/candidates?on_invalid=skip", content=body, headers={**AUTH, "content-type": "application/x-ndjson"}
+    )
+    assert response.status_code == 202 and response.json()["records"] == 3 and response.json()["skipped"] == 2
+    job = await wait_for(admin_client, response.json()["job_id"])
+    assert job["state"] == "succeeded", job
+    report = job["report"]
+    assert report["skipped"] == 2
+    assert [(r["line"], r["field"]) for r in report["skipped_records"]] == [(2, "line 2.reply"), (4, "line 4.reply")]
+    assert "1000" in report["skipped_records"][0]["reason"]
+    assert report["duplicates"]["texts"]["records"] == 1 and "first id" in report["duplicates"]["texts"]["rule"]
+    assert report["duplicates"]["texts"]["lines"] == [5]
+    answer = (await admin_client.post("/reply", json={"context": ["what is your favourite tree?"]})).json()
+    assert answer["reply"] == "an old oak, no question" and answer["id"] == "oak"
+
+
+async def test_csv_uploads_and_duplicate_ids_resolve_to_the_last_record(admin_client: httpx.AsyncClient) -> None:
+    body = (
+        b"query,reply,id\n"
+        b'"so, do you like spicy food?","yes, the hotter the better",spicy\n'
+        b'anything else?,"nope, that\'s all",done\n'
+        b'"so, do you like spicy food?","no, mild please",spicy\n'
+    )
+    response = await admin_client.post("/admin/candidates", content=body, headers={**AUTH, "content-type": "text/csv"})
+    assert response.status_code == 202, response.text
+    job = await wait_for(admin_client, response.json()["job_id"])
+    assert job["state"] == "succeeded", job
+    # Line 2 gave way to line 4.
+    assert job["report"]["duplicates"]["ids"] == {**job["report"]["duplicates"]["ids"], "records": 1, "lines": [2]}
+    assert "last record wins" in job["report"]["duplicates"]["ids"]["rule"]
+    answer = (await admin_client.post("/reply", json={"context": ["so, do you like spicy food?"]})).json()
+    assert answer["reply"] == "no, mild please" and answer["id"] == "spicy"
+
+
+async def test_appending_what_is_stored_reports_it_as_a_duplicate(admin_client: httpx.AsyncClient) -> None:
+    lines = [
+        {"reply": "Pizza,  no CONTEST", "id": "pizza"},  # a stored reply's text under a new id
+        {"query": "what's your favourite food?", "reply": "pizza, no contest"},  # the stored record itself
+        {"reply": "brand new, never seen"},
+        {"reply": "brand new, never seen", "id": "again"},
+    ]
+    body = "".join(json.dumps(line) + "\n\n" for line in lines).encode()  # blank lines between: 1, 3, 5, 7
+    response = await admin_client.post(
+        "/admin/candidates", content=body, headers={**AUTH, "content-type": "application/x-ndjson"}
+    )
+    job = await wait_for(admin_client, response.json()["job_id"])
+    assert job["state"] == "succeeded", job
+    found = {name: (d["records"], d["lines"]) for name, d in job["report"]["duplicates"].items()}
+    # Line 3 has the stored id and the stored text: one replacement, not also a repeated text.
+    assert found == {"ids": (0, []), "stored_ids": (1, [3]), "texts": (1, [7]), "stored_texts": (1, [1])}
+    rules = {name: d["rule"] for name, d in job["report"]["duplicates"].items()}
+    assert "the upload replaces the stored record" in rules["stored_ids"]
+    assert "the stored record's id wins" in rules["stored_texts"]
+    assert "record_lines" not in job["report"]  # handed over, not stored with the job
+    answer = (await admin_client.post("/reply", json={"context": ["what's your favourite food?"]})).json()
+    assert answer["reply"] == "pizza, no contest" and answer["id"] != "pizza"
+
+
+async def test_delete_by_record_removes_the_candidate_it_names(admin_client: httpx.AsyncClient) -> None:
+    record = {"query": "what's your favourite colour?", "reply": "teal, obviously"}
+    await upload(admin_client, [record])
+    assert (await admin_client.post("/reply", json={"context": [record["query"]]})).json()["reply"] == record["reply"]
+    job = await upload(admin_client, [record], mode="delete")
+    assert job["state"] == "succeeded" and job["counts"]["candidates_after"] == job["counts"]["candidates_before"] - 1
+    texts = [
+        c["text"]
+        for c in (await admin_client.post("/reply", json={"context": [record["query"]], "k": 50})).json()["candidates"]
+    ]
+    assert record["reply"] not in texts
+
+
+async def test_a_deployment_without_an_index_serves_after_its_first_upload(
+    make_client: AppFactory, artifacts: Path, tmp_path: Path
+) -> None:
+    # The model only: no index version yet, as a deployment that brings its own candidates starts.
+    async with make_client(artifacts_dir=tmp_path / "fresh", admin_token=TOKEN) as client:
+        ready = await client.get("/readyz")
+        assert ready.status_code == 503 and "upload candidates" in ready.json()["problem"]
+        assert (await client.post("/reply", json={"context": ["안녕"]})).status_code == 503
+        records = [{"query": "안녕하세요", "reply": "반가워요!"}, {"query": "뭐 해?", "reply": "그냥 쉬고 있어"}]
+        job = await upload(client, records, mode="replace")
+        assert job["state"] == "succeeded" and job["previous_version"] is None, job
+        assert (await client.get("/readyz")).status_code == 200
+        answer = (await client.post("/reply", json={"context": ["안녕하세요"]})).json()
+        assert answer["reply"] == "반가워요!" and answer["index_version"] == job["version"]
+
+
+@pytest.mark.parametrize("header", [{}, {"authorization": "Bearer wrong"}, {"authorization": TOKEN}])
+async def test_the_job_list_needs_the_token(admin_client: httpx.AsyncClient, header: dict[str, str]) -> None:
+    response = await admin_client.get("/admin/jobs", headers=header)
+    assert response.status_code == 401 and response.json()["error"]["kind"] == "unauthorized"
+
+
+@pytest.mark.parametrize("backend", ["files", "redis"])
+async def test_the_job_list_is_newest_first_and_each_job_reads_as_its_own_route(
+    make_client: AppFactory, own_artifacts: Path, clean_redis: redis.Redis, backend: str
+) -> None:
+    import time
+
+    from app.engine.jobs import JobStore, RedisJobStore
+
+    store: JobStore = FileJobStore(own_artifacts / "jobs") if backend == "files" else RedisJobStore(clean_redis)
+    now = time.time()
+    for i, state in enumerate(["succeeded", "failed", "succeeded"]):
+        store.save(Job(id=f"job{i}", mode="append", state=state, created_at=now - 30 + i))  # type: ignore[arg-type]
+    redis_url = REDIS_URL if backend == "redis" else None
+    async with make_client(artifacts_dir=own_artifacts, admin_token=TOKEN, redis_url=redis_url) as client:
+        listed = await client.get("/admin/jobs", headers=AUTH)
+        assert listed.status_code == 200, listed.text
+        jobs = listed.json()["jobs"]
+        assert [j["id"] for j in jobs] == ["job2", "job1", "job0"]
+        for job in jobs:
+            assert job == (await client.get(f"/admin/jobs/{job['id']}", headers=AUTH)).json()
+        limited = (await client.get("/admin/jobs?limit=2", headers=AUTH)).json()["jobs"]
+        assert [j["id"] for j in limited] == ["job2", "job1"]
+        for bad in ("0", "101", "ten"):
+            response = await client.get(f"/admin/jobs?limit={bad}", headers=AUTH)
+            assert response.status_code == 422 and response.json()["error"]["field"] == "limit", response.text
+
+
+async def test_an_upload_shows_in_the_job_list(admin_client: httpx.AsyncClient) -> None:
+    job = await upload(admin_client, [{"reply": "listed, at last"}])
+    jobs = (await admin_client.get("/admin/jobs?limit=1", headers=AUTH)).json()["jobs"]
+    assert jobs == [job]
+
+
+async def test_a_replica_restarted_within_the_lock_ttl_fails_its_earlier_job_and_takes_uploads(
+    make_client: AppFactory, own_artifacts: Path, clean_redis: redis.Redis
+) -> None:
+    from app.engine.jobs import LOCK_KEY, THIS_PROCESS, Owner, RedisJobStore
+
+    earlier_boot = Owner(THIS_PROCESS.replica, "killed-boot")
+    job = Job.new("append", owner=earlier_boot)
+    job.state, job.stage = "running", "encode"
+    RedisJobStore(clean_redis).save(job)
+    assert RedisLock(clean_redis).acquire(job.token)  # still held: the TTL has not run out
+    async with make_client(artifacts_dir=own_artifacts, admin_token=TOKEN, redis_url=REDIS_URL) as client:
+        found = (await client.get(f"/admin/jobs/{job.id}", headers=AUTH)).json()
+        assert found["state"] == "failed" and "interrupted" in found["error"]
+        assert clean_redis.get(LOCK_KEY) is None
+        response = await client.post("/admin/candidates", json=[{"reply": "after the restart"}], headers=AUTH)
+        assert response.status_code == 202, response.text  # not 409 for the rest of the TTL
+        assert (await wait_for(client, response.json()["job_id"]))["state"] == "succeeded"
+
+
+async def test_a_load_that_raises_is_logged_and_kept_for_readiness(
+    own_artifacts: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from app.main import create_app
+    from index.store import REPLY_INDEX
+    from tests.conftest import settings_for
+
+    store = IndexStore(own_artifacts / "indexes")
+    current = store.current()
+    assert current is not None
+    (store.path(current) / REPLY_INDEX).write_bytes(b"not a faiss index")  # FAISS raises RuntimeError
+    app = create_app(settings_for(own_artifacts))
+    async with app.router.lifespan_context(app):
+        for _ in range(3000):
+            if app.state.load_error is not None:
+                break
+            await asyncio.sleep(0.01)
+        error = app.state.load_error
+        assert error is not None and error.startswith("RuntimeError"), error
+        assert app.state.runtime is None
+        failures = [r for r in caplog.records if r.levelname == "ERROR" and r.name == "app.main"]
+        assert failures and failures[0].exc_info is not None
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+            ready = await client.get("/readyz")
+            assert ready.status_code == 503
+            assert ready.json()["problem"].startswith("load failed: RuntimeError")

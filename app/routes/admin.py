@@ -5,26 +5,37 @@ from __future__ import annotations
 
 import hmac
 from dataclasses import asdict
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import anyio.to_thread
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from app import logs
 from app.admin import Admin
+from app.config import Settings
 from app.deps import RuntimeDep, SettingsDep
 from app.engine.reindex import previous_version
-from app.errors import ApiError, ErrorKind
-from app.uploads import Mode, parse_upload
+from app.errors import COMMON, ApiError, ErrorKind, responses
+from app.uploads import Mode, OnInvalid, parse_upload, upload_body
 
-router = APIRouter(prefix="/admin", tags=["admin"])
+ADMIN_ERRORS = (*COMMON, ErrorKind.unauthorized, ErrorKind.not_found, ErrorKind.conflict)
+router = APIRouter(prefix="/admin", tags=["admin"], responses=responses(*ADMIN_ERRORS))
+# Parses "Authorization: Bearer <token>" (any case of the scheme) and nothing
+# else; auto_error=False so that every failure is our one 401 shape.
+bearer = HTTPBearer(auto_error=False, description="CHITCHAT_ADMIN_TOKEN")
 
 
-def require_admin(request: Request, settings: SettingsDep) -> Admin:
+def require_admin(
+    request: Request,
+    settings: SettingsDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> Admin:
     token = settings.admin_token.get_secret_value() if settings.admin_token else ""
     if not token:
         raise ApiError(ErrorKind.unauthorized, "admin is disabled: set CHITCHAT_ADMIN_TOKEN", "authorization")
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), token.encode()):
+    given = credentials.credentials if credentials is not None else ""
+    if not hmac.compare_digest(given.encode(), token.encode()):  # constant time: no length or prefix leaks
         raise ApiError(ErrorKind.unauthorized, "a valid bearer token is required", "authorization")
     admin: Admin = request.app.state.admin
     return admin
@@ -33,21 +44,52 @@ def require_admin(request: Request, settings: SettingsDep) -> Admin:
 AdminDep = Annotated[Admin, Depends(require_admin)]
 
 
-@router.post("/candidates", status_code=202)
-async def upload(request: Request, admin: AdminDep, settings: SettingsDep, mode: Mode = "append") -> dict[str, Any]:
-    """JSON array or NDJSON of {reply, query?, id?, metadata?} ({id} to delete).
-    Starts a reindex; poll the returned job."""
+@router.post("/candidates", status_code=202, openapi_extra={"requestBody": upload_body("upsert")})
+async def upload(
+    request: Request,
+    admin: AdminDep,
+    settings: SettingsDep,
+    mode: Literal["append", "replace"] = "append",
+    on_invalid: OnInvalid = "reject",
+) -> dict[str, Any]:
+    """Records {reply, query?, id?, metadata?} as a JSON array, NDJSON or CSV. Starts a reindex;
+    poll the returned job. `on_invalid=skip` indexes the valid records and reports the rest."""
+    return await _submit(request, admin, settings, mode, on_invalid)
+
+
+@router.post("/candidates/delete", status_code=202, openapi_extra={"requestBody": upload_body("delete")})
+async def delete(
+    request: Request, admin: AdminDep, settings: SettingsDep, on_invalid: OnInvalid = "reject"
+) -> dict[str, Any]:
+    """Deletes candidates named by {id}, or by a whole record. Starts a reindex; poll the returned job."""
+    return await _submit(request, admin, settings, "delete", on_invalid)
+
+
+async def _submit(
+    request: Request, admin: Admin, settings: Settings, mode: Mode, on_invalid: OnInvalid
+) -> dict[str, Any]:
     body = await request.body()
     content_type = request.headers.get("content-type", "")
-    records = await anyio.to_thread.run_sync(parse_upload, body, content_type, mode, settings.admin_max_records)
-    job = await anyio.to_thread.run_sync(admin.reindexer.submit, mode, records)
+    parsed = await anyio.to_thread.run_sync(
+        parse_upload, body, content_type, mode, settings.admin_max_records, on_invalid
+    )
+    job = await anyio.to_thread.run_sync(admin.reindexer.submit, mode, parsed.records, parsed.report())
+    logs.note(request.scope, job_id=job.id, records=len(parsed.records), skipped=parsed.skipped_count)
     return {
         "job_id": job.id,
         "state": job.state,
         "mode": mode,
-        "records": len(records),
+        "records": len(parsed.records),
+        "skipped": parsed.skipped_count,
         "status": f"/admin/jobs/{job.id}",
     }
+
+
+@router.get("/jobs")
+async def jobs(admin: AdminDep, limit: Annotated[int, Query(ge=1, le=100)] = 20) -> dict[str, list[dict[str, Any]]]:
+    """The newest jobs first, each as `/admin/jobs/{job_id}` returns it."""
+    found = await anyio.to_thread.run_sync(admin.jobs.recent, limit)
+    return {"jobs": [asdict(j) for j in found]}
 
 
 @router.get("/jobs/{job_id}")

@@ -1,0 +1,262 @@
+"""The blocking client."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from types import TracebackType
+from typing import Literal, Self, overload
+
+import httpx
+
+from app.client import _base, errors
+from app.client._base import Call, Mode, Source, TimeoutLike
+from app.client.errors import ChitchatError, ConnectionFailed, NotReady
+from app.client.models import (
+    Health,
+    IndexInfo,
+    Info,
+    Job,
+    JobList,
+    Readiness,
+    ReplyResult,
+    RollbackResult,
+    SimilarResult,
+    UploadAccepted,
+)
+
+
+class ChitchatClient:
+    """A blocking client for the chit-chat retrieval service.
+
+    ``token`` is the admin bearer token (``CHITCHAT_ADMIN_TOKEN`` on the server); only ``/admin`` calls send it.
+    Errors raise a `ChitchatError` subclass named for the service's error kind; no response at all raises
+    `ConnectionFailed`.
+
+    Retries: only requests that are safe to repeat are retried -- every GET, ``similar``, and ``reply`` with an
+    explicit ``context``. ``reply`` with a ``session_id`` (the server appends the turn to the session) and every
+    admin POST (an upload queues a reindex; a rollback moves the serving version) are sent exactly once. A safe
+    request is retried up to ``retries`` times on a connection failure (refused, reset, connect timeout) and on
+    429, 502, 503 and 504, waiting what Retry-After asks (giving up if that is over a minute), else
+    ``backoff`` seconds doubled each attempt (jittered, at most 8 s). Read timeouts are not retried.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        *,
+        timeout: TimeoutLike = _base.DEFAULT_TIMEOUT,
+        retries: int = _base.DEFAULT_RETRIES,
+        backoff: float = _base.DEFAULT_BACKOFF,
+        transport: httpx.BaseTransport | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        self.token = token
+        self.retries = retries
+        self.backoff = backoff
+        self._sleep: Callable[[float], None] = time.sleep  # replaceable in tests
+        self._http = httpx.Client(
+            base_url=base_url,
+            timeout=timeout,
+            transport=transport,
+            headers={"user-agent": _base.USER_AGENT, **(headers or {})},
+        )
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _send(self, call: Call) -> httpx.Response:
+        # A request id the caller set on the client wins.
+        request_id = None if "x-request-id" in self._http.headers else _base.request_id()
+        attempt = 0
+        while True:
+            kwargs = _base.request_kwargs(call, self.token, request_id)
+            if call.file is not None:
+                kwargs["content"] = _base.iter_file(call.file)
+            try:
+                response = self._http.request(call.method, call.path, **kwargs)
+            except httpx.TransportError as error:
+                delay = _base.retry_delay(call, attempt, self.retries, self.backoff, error=error)
+                if delay is None:
+                    raise _base.connection_failed(call, self._http.base_url, error) from error
+            else:
+                if _base.check(call, response):
+                    return response
+                delay = _base.retry_delay(call, attempt, self.retries, self.backoff, response=response)
+                if delay is None:
+                    raise errors.from_response(response)
+            self._sleep(delay)
+            attempt += 1
+
+    def reply(
+        self,
+        context: str | Sequence[str] | None = None,
+        *,
+        session_id: str | None = None,
+        message: str | None = None,
+        k: int | None = None,
+        strategies: Sequence[str] | None = None,
+        rerank: bool | None = None,
+        thresholds: Mapping[str, float] | None = None,
+    ) -> ReplyResult:
+        """The best next reply: to ``context`` (turns oldest first; a str is one turn), or to ``message`` in
+        the server-side session ``session_id``. ``strategies``: query_similarity, reply_matching, reaction.
+        ``thresholds``: {"query_similarity": cos, "reply_matching": cos} overrides."""
+        call = _base.reply_call(context, session_id, message, k, strategies, rerank, thresholds)
+        return _base.parse(ReplyResult, self._send(call))
+
+    def similar(
+        self, text: str | None = None, *, pairs: Sequence[tuple[str, str]] | None = None, k: int | None = None
+    ) -> SimilarResult:
+        """Stored queries most similar to ``text`` (``matches``), or a cosine per pair (``scores``)."""
+        return _base.parse(SimilarResult, self._send(_base.similar_call(text, pairs, k)))
+
+    def submit_candidates(
+        self, source: Source, mode: Mode = "append", *, on_invalid: str | None = None, content_type: str | None = None
+    ) -> UploadAccepted:
+        """Upload candidates and return once the reindex job is queued. See `upload_candidates`."""
+        call = _base.upload_call(source, mode, on_invalid, content_type)
+        return _base.parse(UploadAccepted, self._send(call))
+
+    @overload
+    def upload_candidates(
+        self,
+        source: Source,
+        mode: Mode = ...,
+        *,
+        on_invalid: str | None = ...,
+        wait: Literal[True] = ...,
+        progress: bool = ...,
+        poll_interval: float = ...,
+        wait_timeout: float | None = ...,
+        content_type: str | None = ...,
+    ) -> Job: ...
+
+    @overload
+    def upload_candidates(
+        self,
+        source: Source,
+        mode: Mode = ...,
+        *,
+        on_invalid: str | None = ...,
+        wait: Literal[False],
+        progress: bool = ...,
+        poll_interval: float = ...,
+        wait_timeout: float | None = ...,
+        content_type: str | None = ...,
+    ) -> UploadAccepted: ...
+
+    @overload
+    def upload_candidates(
+        self,
+        source: Source,
+        mode: Mode = ...,
+        *,
+        on_invalid: str | None = ...,
+        wait: bool,
+        progress: bool = ...,
+        poll_interval: float = ...,
+        wait_timeout: float | None = ...,
+        content_type: str | None = ...,
+    ) -> Job | UploadAccepted: ...
+
+    def upload_candidates(
+        self,
+        source: Source,
+        mode: Mode = "append",
+        *,
+        on_invalid: str | None = None,
+        wait: bool = True,
+        progress: bool = True,
+        poll_interval: float = _base.DEFAULT_POLL_INTERVAL,
+        wait_timeout: float | None = None,
+        content_type: str | None = None,
+    ) -> Job | UploadAccepted:
+        """Upload candidates ({reply, query?, id?, metadata?}; {id} to delete) and reindex.
+
+        ``source`` is a file path, streamed from disk (.jsonl/.ndjson, .json, .csv; or pass ``content_type``),
+        or the records themselves. ``on_invalid="skip"`` asks the server to drop invalid records rather than
+        refuse the upload (servers that predate it ignore it). With ``wait`` it polls the job, with a progress
+        bar on stderr when ``progress``, and returns the finished `Job` -- failed or succeeded, check
+        ``job.succeeded``; without, the `UploadAccepted`. Never retried.
+        """
+        accepted = self.submit_candidates(source, mode, on_invalid=on_invalid, content_type=content_type)
+        if not wait:
+            return accepted
+        return self.wait_for_job(accepted.job_id, progress=progress, poll_interval=poll_interval, timeout=wait_timeout)
+
+    def wait_for_job(
+        self,
+        job_id: str,
+        *,
+        progress: bool = True,
+        poll_interval: float = _base.DEFAULT_POLL_INTERVAL,
+        timeout: float | None = None,
+    ) -> Job:
+        """Poll until the job is no longer queued or running. Raises TimeoutError after ``timeout`` seconds
+        (the job goes on on the server)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        bar = _base.JobProgress(job_id, progress)
+        try:
+            while True:
+                job = self.job(job_id)
+                bar.update(job)
+                if job.done:
+                    return job
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"job {job_id} is still {job.state} ({job.stage}) after {timeout} s")
+                self._sleep(poll_interval)
+        finally:
+            bar.close()
+
+    def job(self, job_id: str) -> Job:
+        return _base.parse(Job, self._send(_base.job_call(job_id)))
+
+    def jobs(self, limit: int = _base.DEFAULT_JOBS) -> list[Job]:
+        """The most recent reindex jobs (on any replica), newest first; at most ``limit``."""
+        return _base.parse(JobList, self._send(_base.jobs_call(limit))).jobs
+
+    def index(self) -> IndexInfo:
+        """The serving index version, the versions kept, and the stored candidate count."""
+        return _base.parse(IndexInfo, self._send(_base.INDEX))
+
+    def rollback(self) -> RollbackResult:
+        """Serve the index version before the current one. Conflict when there is none (or a reindex runs)."""
+        return _base.parse(RollbackResult, self._send(_base.ROLLBACK))
+
+    def health(self) -> Health:
+        return _base.parse(Health, self._send(_base.HEALTH))
+
+    def ready(self) -> Readiness:
+        """Readiness; a not-ready server (503) returns ``ready=False`` rather than raising."""
+        return _base.parse_readiness(self._send(_base.READY))
+
+    def wait_until_ready(self, timeout: float = 60.0, poll_interval: float = 0.5) -> Readiness:
+        """Poll /readyz until the server is ready: it accepts requests while it still loads the bundle and
+        index, answering 503 meanwhile. Raises TimeoutError, with the last reason, after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            readiness: Readiness | None = None
+            failure: ChitchatError | None = None
+            try:
+                readiness = self.ready()
+                if readiness.ready:
+                    return readiness
+            except (ConnectionFailed, NotReady) as error:  # not listening yet, or a proxy's 503
+                failure = error
+            if time.monotonic() >= deadline:
+                reason = _base.waiting_for_ready(readiness, failure)
+                raise TimeoutError(f"{self._http.base_url} {reason} after {timeout} s")
+            self._sleep(poll_interval)
+
+    def info(self) -> Info:
+        return _base.parse(Info, self._send(_base.INFO))

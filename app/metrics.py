@@ -1,0 +1,127 @@
+"""Prometheus metrics at /metrics, one registry per app.
+
+HTTP traffic and answers are counted as they happen; everything the engine
+keeps (the encoder queue, the cache, Redis, reindex jobs, the serving
+version) is read from its plain counters at scrape time, so the engine
+imports no metrics library.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any, get_args
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, InfoMetricFamily
+from prometheus_client.registry import Collector
+
+from app.engine.retriever import Strategy
+from app.engine.stats import Buckets
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+# The operations app.engine.kv.Guarded counts failures of (tests/test_metrics.py keeps the two in step).
+REDIS_OPERATIONS = ("get", "set", "lrange", "rpush", "ping")
+REINDEX_OUTCOMES = ("succeeded", "failed")  # a job's final states
+
+
+def _histogram(name: str, documentation: str, buckets: Buckets) -> HistogramMetricFamily:
+    return HistogramMetricFamily(name, documentation, buckets=buckets.cumulative(), sum_value=buckets.total)
+
+
+class EngineCollector(Collector):
+    """Reads the runtime and the admin side of one app when scraped."""
+
+    def __init__(self, state: Callable[[], tuple[Any, Any]]) -> None:
+        self.state = state  # () -> (runtime or None, admin or None)
+
+    def collect(self) -> Iterator[Any]:
+        runtime, admin = self.state()
+        if runtime is None:
+            return
+        queue = runtime.encoder_queue
+        yield GaugeMetricFamily("chitchat_encoder_queue_depth", "Requests waiting for the encoder", value=queue.pending)
+        yield _histogram("chitchat_encoder_batch_requests", "Requests per encoder batch", queue.stats.batch_items)
+        yield _histogram("chitchat_encoder_batch_tokens", "Tokens per encoder batch", queue.stats.batch_cost)
+        yield _histogram(
+            "chitchat_encoder_queue_seconds", "Wait of a batch's oldest request", queue.stats.queue_seconds
+        )
+        refused = CounterMetricFamily(
+            "chitchat_refused", "Requests refused with 429, by the queue that was full", labels=["queue"]
+        )
+        refused.add_metric(["encoder"], queue.stats.refused)
+        refused.add_metric(["search"], runtime.pool.refused)
+        yield refused
+        yield CounterMetricFamily(
+            "chitchat_encoder_cancelled", "Jobs dropped: their caller left", value=queue.stats.cancelled
+        )
+        yield CounterMetricFamily("chitchat_cache_hits", "Embedding cache hits", value=runtime.cache.hits)
+        yield CounterMetricFamily("chitchat_cache_misses", "Embedding cache misses", value=runtime.cache.misses)
+        kv = runtime.kv
+        redis_up = GaugeMetricFamily("chitchat_redis_up", "1 up, 0 bypassed after a failure, -1 not configured")
+        redis_up.add_metric([], {"up": 1, "down": 0, "disabled": -1}[kv.status])
+        yield redis_up
+        errors = CounterMetricFamily(
+            "chitchat_redis_errors", "Redis failures that survived a reconnect", labels=["operation"]
+        )
+        for operation in sorted({*REDIS_OPERATIONS, *kv.errors_by_op}):
+            errors.add_metric([operation], kv.errors_by_op.get(operation, 0))
+        yield errors
+        yield CounterMetricFamily("chitchat_redis_bypass_seconds", "Time Redis was bypassed", value=kv.bypass_seconds)
+        yield CounterMetricFamily(
+            "chitchat_redis_skipped_calls", "Calls skipped while bypassed", value=kv.skipped_calls
+        )
+        serving = runtime.serving
+        if serving is not None:
+            info = InfoMetricFamily("chitchat_serving", "The bundle and index version being served")
+            info.add_metric(
+                [],
+                {
+                    "bundle": serving.bundle.name,
+                    "bundle_checksum": serving.bundle.checksum[:16],
+                    "index_version": serving.index_version,
+                    "release": str(serving.bundle.release.get("released_at", "")),
+                },
+            )
+            yield info
+            candidates = GaugeMetricFamily(
+                "chitchat_index_entries", "Stored texts in the served index", labels=["kind"]
+            )
+            candidates.add_metric(["replies"], serving.index.manifest.replies)
+            candidates.add_metric(["queries"], serving.index.manifest.queries)
+            yield candidates
+        if admin is not None:
+            reindexer = admin.reindexer
+            jobs = CounterMetricFamily("chitchat_reindex_jobs", "Reindex jobs finished, by outcome", labels=["outcome"])
+            for outcome in sorted({*REINDEX_OUTCOMES, *reindexer.outcomes}):
+                jobs.add_metric([outcome], reindexer.outcomes.get(outcome, 0))
+            yield jobs
+            yield _histogram("chitchat_reindex_seconds", "Reindex jobs, submit to done", reindexer.durations)
+
+
+class Metrics:
+    def __init__(self, state: Callable[[], tuple[Any, Any]]) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "chitchat_http_requests", "HTTP requests", ["route", "method", "status"], registry=self.registry
+        )
+        self.latency = Histogram(
+            "chitchat_http_request_seconds",
+            "HTTP request latency",
+            ["route", "status"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.answers = Counter(
+            "chitchat_answers", "Replies by the strategy that answered", ["source"], registry=self.registry
+        )
+        # Every source from the start, at 0: a series born at its first answer hides that answer from rate().
+        for source in get_args(Strategy):
+            self.answers.labels(source)
+        self.registry.register(EngineCollector(state))
+
+    def observe(self, route: str, method: str, status: int, seconds: float) -> None:
+        self.requests.labels(route, method, str(status)).inc()
+        self.latency.labels(route, str(status)).observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,15 @@
+"""Prometheus metrics (`app/metrics.py` says what they are)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
+async def metrics(request: Request) -> Response:
+    """Requests, answers by source, the encoder queue, the cache, Redis, reindex jobs, the served version."""
+    return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,126 @@
+"""Upload parsing (app/uploads.py) and the duplicates report (index/candidates.py), without an app."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from app.uploads import UploadError, parse_upload
+from index.candidates import RECORD_LINES, apply, duplicates
+from index.records import Candidate
+
+
+def parse(body: bytes, content_type: str, on_invalid: str = "reject") -> Any:
+    return parse_upload(body, content_type, "append", 1000, on_invalid)  # type: ignore[arg-type]
+
+
+SPILLED = b"query,reply\nhi there,hello, how are you today\nhow are you?,fine thanks\n"
+
+
+def test_an_unquoted_comma_in_csv_is_an_invalid_line_not_a_truncated_reply() -> None:
+    with pytest.raises(UploadError) as rejected:
+        parse(SPILLED, "text/csv")
+    assert rejected.value.field == "line 2"
+    assert "1 more field than the header; quote fields that contain commas" in rejected.value.message
+
+    upload = parse(SPILLED, "text/csv", on_invalid="skip")
+    assert [c.reply for c in upload.records] == ["fine thanks"]  # never "hello"
+    assert upload.skipped_count == 1
+    assert upload.skipped == [
+        {"line": 2, "field": "line 2", "reason": "1 more field than the header; quote fields that contain commas"}
+    ]
+
+    two_more = parse(b"reply\na,b,c\nok\n", "text/csv", on_invalid="skip")
+    assert "2 more fields than the header" in two_more.skipped[0]["reason"]
+
+
+def test_a_csv_header_that_repeats_a_column_is_refused() -> None:
+    with pytest.raises(UploadError) as error:
+        parse(b"query,reply,reply\nhi,hello,hey\n", "text/csv")
+    assert error.value.field == "body" and "reply" in error.value.message and "repeat" in error.value.message
+    with pytest.raises(UploadError):
+        parse(b"reply, reply\nhello,hey\n", "text/csv")  # the same once stripped
+
+
+def test_a_multi_line_csv_record_is_reported_at_its_first_line() -> None:
+    body = b'query,reply\n"one\ntwo\nthree",\n\nhi,ok\nbye,\n'
+    with pytest.raises(UploadError) as error:
+        parse(body, "text/csv")
+    assert error.value.field == "line 2.reply"
+    assert [d["field"] for d in error.value.details] == ["line 2.reply", "line 7.reply"]
+    upload = parse(body, "text/csv", on_invalid="skip")
+    assert [r["line"] for r in upload.skipped] == [2, 7]
+    assert upload.report()[RECORD_LINES] == [6]  # the valid record, after the blank line 5
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "expected"),
+    [
+        (b'{"reply": "ok"}\n{"reply": ""}\n{oops\n', "application/x-ndjson", [(2, "line 2.reply"), (3, "line 3")]),
+        (
+            json.dumps([{"reply": "ok"}, {"reply": ""}, {"reply": "a", "nope": 1}]).encode(),
+            "application/json",
+            [(2, "record 2.reply"), (3, "record 3.nope")],
+        ),
+        (b'reply\nok\n""\n"a,b",c\n', "text/csv", [(3, "line 3.reply"), (4, "line 4")]),
+    ],
+    ids=["ndjson", "json", "csv"],
+)
+def test_skipped_records_name_their_line_as_a_number(
+    body: bytes, content_type: str, expected: list[tuple[int, str]]
+) -> None:
+    upload = parse(body, content_type, on_invalid="skip")
+    assert upload.skipped_count == 2
+    assert [(r["line"], r["field"]) for r in upload.skipped] == expected
+
+
+def test_json_records_are_numbered_by_position() -> None:
+    body = json.dumps([{"reply": "ok"}, {"reply": ""}, {"reply": "fine"}]).encode()
+    upload = parse(body, "application/json", on_invalid="skip")
+    assert [(r["line"], r["field"]) for r in upload.skipped] == [(2, "record 2.reply")]
+    assert upload.report()[RECORD_LINES] == [1, 3]
+
+
+# --- duplicates, as the reindex job reports them ---------------------------------------------------------
+
+
+def report(stored: list[Candidate], mode: str, upload: list[Candidate], lines: list[int] | None) -> dict[str, Any]:
+    return duplicates(stored, mode, upload, apply(stored, mode, upload), lines)
+
+
+def test_an_upload_that_repeats_stored_records_says_so() -> None:
+    stored = [Candidate(reply="an old oak", id="oak"), Candidate(reply="pizza", id="food")]
+    upload = [
+        Candidate(reply="pizza!!", id="food"),  # line 2: replaces the stored record
+        Candidate(reply="An  OLD oak", id="tree"),  # line 3: the stored oak's text, another id
+        Candidate(reply="an old oak", id="oak"),  # line 5: the stored oak again, both id and text
+        Candidate(reply="hello", id="greeting"),  # line 6: new
+        Candidate(reply="Hello", id="hi"),  # line 7: the same text as line 6
+        Candidate(reply="x", id="dup"),  # line 8: replaced by line 9
+        Candidate(reply="y", id="dup"),  # line 9
+    ]
+    found = report(stored, "append", upload, [2, 3, 5, 6, 7, 8, 9])
+    assert {name: (d["records"], d["lines"]) for name, d in found.items()} == {
+        "ids": (1, [8]),
+        "stored_ids": (2, [2, 5]),  # line 5 once, though its text is the stored one's too
+        "texts": (1, [7]),
+        "stored_texts": (1, [3]),
+    }
+    assert "replaces the stored record" in found["stored_ids"]["rule"]
+    assert "first id wins" in found["texts"]["rule"] and "stored record's id" in found["stored_texts"]["rule"]
+
+
+def test_replace_mode_and_reactions() -> None:
+    stored = [Candidate(reply="hello", id="greeting")]
+    upload = [
+        Candidate(reply="hello", id="greeting"),
+        Candidate(reply="ㅋㅋㅋ", kind="reaction", language="ko", id="r1"),
+        Candidate(reply="ㅋㅋㅋ", kind="reaction", language="ko", id="r2"),  # reactions are not deduplicated by text
+    ]
+    found = report(stored, "replace", upload, None)
+    assert sum(d["records"] for d in found.values()) == 0
+    found = report(stored, "append", upload, None)
+    assert found["stored_ids"]["lines"] == [1]  # without lines: positions
+    assert found["texts"]["records"] == 0
