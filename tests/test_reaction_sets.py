@@ -1,0 +1,97 @@
+"""Reaction sets uploaded with the candidates, each for its own language."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from app.engine.reactions import ReactionClassifier
+from app.engine.retriever import ReactionSet
+from app.engine.runtime import build_runtime
+from tests.conftest import AppFactory, settings_for
+from tests.test_admin import AUTH, TOKEN, upload
+
+pytestmark = pytest.mark.anyio
+
+KOREAN = [
+    {"query": "오늘 뭐 했어?", "reply": "친구랑 영화 봤어", "id": "ko-1"},
+    {"query": "배고프다", "reply": "나도! 피자 먹을래?", "id": "ko-2"},
+    {"reply": "ㅋㅋㅋ", "id": "ko-laugh", "kind": "reaction", "language": "ko"},
+    {"reply": "헐 대박", "id": "ko-wow", "kind": "reaction", "language": "ko"},
+]
+UNSURE = {"thresholds": {"query_similarity": 1.0, "reply_matching": 1.0}}  # nothing retrieved is sure enough
+
+
+@pytest.fixture
+async def korean_client(make_client: AppFactory, artifacts: Path, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+    own = tmp_path / "artifacts"
+    shutil.copytree(artifacts, own)
+    async with make_client(artifacts_dir=own, admin_token=TOKEN) as client:
+        job = await upload(client, KOREAN)
+        assert job["state"] == "succeeded", job
+        yield client
+
+
+async def test_a_korean_conversation_falls_back_to_the_uploaded_korean_reactions(
+    korean_client: httpx.AsyncClient,
+) -> None:
+    korean = (await korean_client.post("/reply", json={"context": ["나 오늘 시험 망했어"], **UNSURE})).json()
+    assert korean["source"] == "reaction" and korean["id"] in ("ko-laugh", "ko-wow")
+    # The tiny model has no reaction set of its own, and none was uploaded for English: no fallback there.
+    english = (await korean_client.post("/reply", json={"context": ["i failed my exam today"], **UNSURE})).json()
+    assert english["source"] == "reply_matching"
+
+
+async def test_reactions_are_never_retrieved_as_replies(korean_client: httpx.AsyncClient) -> None:
+    body = {"context": ["ㅋㅋㅋ 진짜?"], "strategies": ["query_similarity", "reply_matching"], "k": 50}
+    answer = (await korean_client.post("/reply", json=body)).json()
+    assert {"ㅋㅋㅋ", "헐 대박"}.isdisjoint(c["text"] for c in answer["candidates"])
+
+
+async def test_a_reaction_needs_a_known_language_and_no_query(korean_client: httpx.AsyncClient) -> None:
+    for record, field in [
+        ({"reply": "lol", "kind": "reaction"}, "record 1"),
+        ({"reply": "lol", "kind": "reaction", "language": "klingon"}, "record 1.language"),
+        ({"reply": "lol", "kind": "reaction", "language": "en", "query": "funny?"}, "record 1"),
+    ]:
+        response = await korean_client.post("/admin/candidates", json=[record], headers=AUTH)
+        assert response.status_code == 422 and response.json()["error"]["field"] == field, response.text
+
+
+async def test_a_turn_without_letters_is_read_with_the_whole_window(korean_client: httpx.AsyncClient) -> None:
+    after_korean = {"context": ["나 오늘 시험 망했어", "😭😭"], **UNSURE}
+    assert (await korean_client.post("/reply", json=after_korean)).json()["source"] == "reaction"
+    # No letters anywhere: the English tiny bundle's language decides, and no Latin-script set was uploaded.
+    only_emoji = (await korean_client.post("/reply", json={"context": ["😭😭", "?!"], **UNSURE})).json()
+    assert only_emoji["source"] == "reply_matching"
+
+
+async def test_a_multilingual_bundle_assumes_no_language_for_a_window_without_letters(
+    korean_client: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    """A Korean deployment of the multilingual bundle with an English set of its own: "😭" gets
+    neither the English set nor the Korean one; any letters in the window pick one of them."""
+    serving = build_runtime(settings_for(tmp_path / "artifacts")).current()  # the fixture's upload
+    english = ReactionClassifier(["lol"], np.zeros((1, serving.encoder.dim), np.float32), np.zeros(1, np.float32), "en")
+    korean = replace(serving, bundle=replace(serving.bundle, language="mul"), reactions=english)
+    assert korean.reaction_sets() == [ReactionSet("model", "en", 1), ReactionSet("upload", "ko", 2)]
+    assert not korean.reactions_apply(["😭", "?!"])
+    assert len(korean.uploaded_reactions(["시험 망했어", "😭"])) == 2 and not korean.classifier_applies(["시험 망했어"])
+    assert korean.classifier_applies(["i failed my exam", "😭"]) and not len(korean.uploaded_reactions(["i failed"]))
+    # An English bundle reads a window without letters as English.
+    assert replace(korean, bundle=serving.bundle).classifier_applies(["😭"])
+
+
+async def test_info_lists_every_reaction_set_and_when_the_fallback_answers(korean_client: httpx.AsyncClient) -> None:
+    model = (await korean_client.get("/info")).json()["model"]
+    assert model["reactions"] is None  # the tiny model has none of its own
+    assert model["reaction_sets"] == [{"source": "upload", "language": "ko", "count": 2}]
+    fallback = model["reaction_fallback"]
+    assert fallback.startswith("on for conversations in Hangul script, off for others")
+    assert "without letters gets none" in fallback and "sets a reply_matching threshold" in fallback
