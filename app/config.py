@@ -4,24 +4,30 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from app.core.bundle import RELEASE_BUNDLE
 
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CHITCHAT_", env_file=".env", extra="ignore")
 
+    # Index versions, the candidate store and jobs; trained bundles land here too.
     artifacts_dir: Path = Path("artifacts")
-    # A bundle directory to serve; unset picks the best bundle under artifacts/bundles.
-    bundle_dir: Path | None = None
+    # The model bundle to serve. Another bundle (a fresh `make train`, the
+    # multilingual one) is served by pointing this at its directory.
+    bundle_dir: Path = RELEASE_BUNDLE
 
     # Unset: in-process session store and cache, the single-machine default.
     redis_url: str | None = None
     # Every Redis call gives up after this; a reply must not wait on a cache.
     redis_timeout_ms: int = Field(default=50, ge=1, le=5000)
-    # After a Redis failure, skip Redis for this long instead of paying the timeout per call.
-    redis_retry_after_s: float = Field(default=5.0, ge=0.1, le=600)
+    # After a Redis failure that survived a reconnect, skip Redis for this long
+    # instead of paying the timeout per call; then try it again.
+    redis_retry_after_s: float = Field(default=2.0, ge=0.1, le=600)
 
     session_ttl_s: int = Field(default=3600, ge=1)
     # Turns kept per session (user and bot turns both count).
@@ -33,18 +39,35 @@ class Settings(BaseSettings):
     cache_local_entries: int = Field(default=20_000, ge=0)
     cache_ttl_s: int = Field(default=86_400, ge=1)
 
-    # 0 = one thread per core. Requests are encoded one at a time, so all
-    # cores go to one request's matrix multiplications.
+    # 0 = one thread per core. The encoder runs one batch at a time, so all
+    # cores go to one batch's matrix multiplications.
     ort_intra_op_threads: int = Field(default=0, ge=0, le=64)
     # A single-query HNSW search is too small to gain from OpenMP threads.
     faiss_threads: int = Field(default=1, ge=1, le=64)
-    # Requests waiting for the encoder beyond this get 429 rather than a long queue.
+    # Searches and reranks run in this many threads (FAISS releases the GIL).
+    search_threads: int = Field(default=2, ge=1, le=64)
+    # Requests waiting for the encoder (or for a search) beyond this get 429 rather than a long queue.
     max_pending: int = Field(default=64, ge=1)
+    # Encoder batches: at most this many tokens, and an idle server waits at most
+    # this long for other requests to join (`bench.load` measures the trade).
+    batch_max_tokens: int = Field(default=4096, ge=64)
+    batch_max_wait_ms: float = Field(default=0.0, ge=0.0, le=100.0)
+
+    # Share of turns, the least confident by the bundle's confidence model,
+    # answered with a reaction rather than a retrieved reply. A product call:
+    # a retrieved reply that is off topic misleads, a reaction only stalls.
+    reaction_share: float = Field(default=0.10, ge=0.0, le=1.0)
 
     max_body_bytes: int = Field(default=64 * 1024, ge=1024)
     default_k: int = Field(default=5, ge=1, le=50)
     # FAISS hits the poly head rescores; `python -m bench.rerank` measures what the step costs.
     rerank_depth: int = Field(default=50, ge=1, le=200)
+
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # One JSON line per request (request id, status, duration, strategy, index version).
+    access_log: bool = True
+    # Debugging only: also log the conversation's text. Off, no text reaches the logs.
+    log_text: bool = False
 
     # Admin routes are disabled unless this is set (an empty value counts as unset).
     admin_token: SecretStr | None = None

@@ -7,11 +7,13 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from app.config import Settings
-from app.engine.runtime import Runtime
+from app.engine.runtime import NotReady, Runtime
 
 
 def get_runtime(request: Request) -> Runtime:
-    runtime: Runtime = request.app.state.runtime
+    runtime: Runtime | None = request.app.state.runtime
+    if runtime is None:
+        raise NotReady("still loading the bundle and the index")
     return runtime
 
 

@@ -13,10 +13,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.engine.compute import Overloaded
+from app.engine.batcher import Closed, Overloaded
 from app.engine.pipeline import NoCandidates, Unsupported
 from app.engine.reindex import Busy
 from app.engine.runtime import NotReady
@@ -48,6 +49,39 @@ STATUS = {
     ErrorKind.not_ready: 503,
     ErrorKind.internal: 500,
 }
+
+
+class ErrorDetail(BaseModel):
+    field: str | None
+    message: str
+
+
+class ErrorInfo(BaseModel):
+    kind: ErrorKind
+    message: str
+    field: str | None = None
+    details: list[ErrorDetail] = []
+
+
+class ErrorBody(BaseModel):
+    """The body of every error response."""
+
+    error: ErrorInfo
+
+
+def responses(*kinds: ErrorKind) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for these error kinds: the statuses a route can answer, with the one error shape."""
+    return {STATUS[k]: {"model": ErrorBody, "description": k.value} for k in kinds}
+
+
+# What any route can answer: bad input, too big, too busy, not loaded yet, a bug.
+COMMON = (
+    ErrorKind.validation,
+    ErrorKind.payload_too_large,
+    ErrorKind.overloaded,
+    ErrorKind.not_ready,
+    ErrorKind.internal,
+)
 
 
 class ApiError(Exception):
@@ -101,6 +135,7 @@ _HTTP_KINDS = {
 # The engine knows nothing of HTTP; its failures map to kinds here.
 _ENGINE_KINDS: dict[type[Exception], ErrorKind] = {
     NotReady: ErrorKind.not_ready,
+    Closed: ErrorKind.not_ready,  # shutting down: another replica can answer
     Overloaded: ErrorKind.overloaded,
     NoCandidates: ErrorKind.not_found,
     Busy: ErrorKind.conflict,
@@ -118,6 +153,10 @@ def install(app: FastAPI) -> None:
 
     async def http_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code == 400:
+            # FastAPI's only 400: a body it could not parse at all (invalid UTF-8,
+            # JSON nested too deeply). Like any other bad body, the field is "body".
+            return error_response(ApiError(ErrorKind.validation, f"body: {exc.detail}", "body"))
         kind = _HTTP_KINDS.get(exc.status_code, ErrorKind.validation if exc.status_code < 500 else ErrorKind.internal)
         return error_response(ApiError(kind, str(exc.detail)))
 

@@ -4,19 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+import signal
+import threading
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from types import FrameType
 
 import anyio.to_thread
 from fastapi import FastAPI
 
-from app import errors
+from app import errors, logs
 from app.admin import build_admin
 from app.config import Settings, get_settings
 from app.engine import replicas
 from app.engine.runtime import build_runtime
 from app.limits import BodySizeLimit
-from app.routes import admin, health, reply, similar
+from app.metrics import Metrics
+from app.routes import admin, demo, health, metrics, reply, similar
+
+log = logging.getLogger(__name__)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -24,33 +30,92 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        # Loading an index takes seconds; keep the loop free for /healthz meanwhile.
-        runtime = await anyio.to_thread.run_sync(build_runtime, settings)
-        app.state.runtime = runtime
-        app.state.admin = await anyio.to_thread.run_sync(build_admin, settings, runtime)
-        listener = None
-        if settings.redis_url:
-            listener = asyncio.create_task(replicas.listen(runtime, settings.redis_url, app.state.admin.origin))
+        logs.configure(settings.log_level)
+        app.state.runtime = None  # /readyz says 503 until the loader below is done
+        app.state.draining = False
+        app.state.load_error = None
+        loading = asyncio.create_task(_load(app, settings), name="load-bundle-and-index")
+        loading.add_done_callback(lambda task: _load_done(app, task))
+        restore = _on_sigterm(lambda: setattr(app.state, "draining", True))
         try:
+            # Serving starts now: /healthz and /readyz answer while the bundle and index load.
             yield
         finally:
+            app.state.draining = True
+            restore()
+            loading.cancel()
+            await asyncio.gather(loading, return_exceptions=True)
+            listener = getattr(app.state, "listener", None)
             if listener is not None:
                 listener.cancel()
                 await asyncio.wait({listener}, timeout=3)  # shutdown must not hang on Redis
-            app.state.admin.close()
-            await runtime.close()
+            if getattr(app.state, "admin", None) is not None:
+                app.state.admin.close()
+            if app.state.runtime is not None:
+                await app.state.runtime.close()
 
     app = FastAPI(title="chit-chat reply retrieval", version="0.1.0", lifespan=lifespan)
     errors.install(app)
+    app.state.runtime = app.state.admin = app.state.load_error = None
+    app.state.metrics = Metrics(lambda: (app.state.runtime, app.state.admin))
 
     app.include_router(reply.router)
     app.include_router(similar.router)
     app.include_router(health.router)
+    app.include_router(metrics.router)
     app.include_router(admin.router)
+    app.include_router(demo.router)
+    app.mount("/static", demo.static_files, name="static")
     app.add_middleware(
         BodySizeLimit,
         max_bytes=settings.max_body_bytes,
-        per_path={"/admin/candidates": settings.admin_max_body_bytes},
+        per_path={p: settings.admin_max_body_bytes for p in ("/admin/candidates", "/admin/candidates/delete")},
     )
+    # Outermost: it logs and counts 413s too.
+    app.add_middleware(logs.RequestLog, enabled=settings.access_log, observe=app.state.metrics.observe)
     return app
+
+
+async def _load(app: FastAPI, settings: Settings) -> None:
+    """Loads the bundle and the index (seconds) off the event loop, then the admin side."""
+    runtime = await anyio.to_thread.run_sync(build_runtime, settings)
+    try:
+        app.state.admin = await anyio.to_thread.run_sync(build_admin, settings, runtime)
+    except BaseException:
+        await runtime.close()  # never reaches app.state, so the lifespan would not close it
+        raise
+    app.state.runtime = runtime
+    if settings.redis_url:
+        app.state.listener = asyncio.create_task(replicas.listen(runtime, settings.redis_url, app.state.admin.origin))
+
+
+def _load_done(app: FastAPI, task: asyncio.Task[None]) -> None:
+    """Records a load that raised. Expected problems (no index yet, a bundle that
+    does not match) are caught inside and reported by the runtime; anything
+    else (a corrupt FAISS file, a bug) ends the task, and unobserved, the
+    replica would say "loading" forever with nothing in the logs."""
+    if task.cancelled() or task.exception() is None:
+        return
+    error = task.exception()
+    log.error("loading the bundle and index failed; this replica will not become ready", exc_info=error)
+    app.state.load_error = f"{type(error).__name__}: {error}"
+
+
+def _on_sigterm(callback: Callable[[], None]) -> Callable[[], None]:
+    """Run `callback` when SIGTERM arrives, before the server's own handler
+    (uvicorn's, which stops accepting and drains). Returns the undo."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None  # signal handlers can only be set from the main thread
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        callback()
+        if callable(previous):
+            previous(signum, frame)
+
+    signal.signal(signal.SIGTERM, handler)
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, previous)
+
+    return restore

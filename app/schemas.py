@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import re
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, field_validator
 
 from app.engine.retriever import Strategy
 
@@ -13,19 +15,51 @@ MAX_TURN_CHARS = 1000  # about 250 tokens, past the encoder's context window any
 MAX_K = 50
 MAX_PAIRS = 64  # one encoder batch
 MAX_SESSION_ID_CHARS = 128
-Cosine = Annotated[float, Field(ge=-1.0, le=1.0)]  # every threshold is on a cosine scale
+# Strict: JSON `true` is not a k of 1, nor "0.5" a threshold.
+Cosine = Annotated[float, Field(ge=-1.0, le=1.0, strict=True)]  # every threshold is on a cosine scale
+
+# A line of chat: no control characters but tab and newline, and at least one
+# character that is not whitespace or an invisible format character (zero-width
+# spaces and joiners, byte-order marks, direction marks). One pattern, checked
+# here and published in the OpenAPI schema, so that clients and fuzzers see
+# the rule the service applies.
+_CONTROL = r"\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f"
+_INVISIBLE = r"\s\xa0\xad\u1680\u180e\u2000-\u200f\u2028-\u202f\u205f-\u2064\u2066-\u206f\u3000\ufeff"
+TEXT_PATTERN = f"^[^{_CONTROL}]*[^{_CONTROL}{_INVISIBLE}][^{_CONTROL}]*$"
+_TEXT = re.compile(TEXT_PATTERN)
+_HAS_CONTROL = re.compile(f"[{_CONTROL}]")
+
+
+def _visible_text(text: str) -> str:
+    if _TEXT.fullmatch(text) is None:
+        raise ValueError("must not contain control characters" if _HAS_CONTROL.search(text) else "must not be blank")
+    return text
+
 
 Source = Strategy  # which strategy answered
-Turn = Annotated[str, StringConstraints(min_length=1, max_length=MAX_TURN_CHARS)]
+Turn = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=MAX_TURN_CHARS),
+    AfterValidator(_visible_text),
+    Field(json_schema_extra={"pattern": TEXT_PATTERN}),
+]
 SessionId = Annotated[
     str, StringConstraints(min_length=1, max_length=MAX_SESSION_ID_CHARS, pattern=r"^[A-Za-z0-9._:-]+$")
 ]
 
 
-def _not_blank(text: str) -> str:
-    if not text.strip():
-        raise ValueError("must not be blank")
-    return text
+def _whole_number(value: object) -> object:
+    """JSON's integers: 5 and 5.0, not true, not "5"."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("must be an integer")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError("must be an integer")
+        return int(value)
+    return value
+
+
+Count = Annotated[int, Field(ge=1, le=MAX_K), BeforeValidator(_whole_number)]
 
 
 class Strict(BaseModel):
@@ -33,7 +67,40 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class ThresholdOverrides(Strict):
+def _without_nulls(one_of: list[dict[str, Any]] | None = None) -> Callable[[dict[str, Any]], None]:
+    """Publishes optional fields as optional, not as nullable: the schema lists
+    only the value's own type, as the service accepts it. With `one_of`, also
+    which fields must come together."""
+
+    def edit(schema: dict[str, Any]) -> None:
+        for name, prop in schema.get("properties", {}).items():
+            branches = prop.get("anyOf", [])
+            kept = [b for b in branches if b != {"type": "null"}]
+            if len(kept) < len(branches):
+                del prop["anyOf"]
+                prop.pop("default", None)
+                schema["properties"][name] = {**(kept[0] if len(kept) == 1 else {"anyOf": kept}), **prop}
+        if one_of:
+            schema["oneOf"] = one_of
+
+    return edit
+
+
+class Options(Strict):
+    """A request whose optional fields are left out when not given, never sent as
+    null: the published schema says so, and a null is an error naming its field."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_without_nulls())
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _not_null(cls, value: object) -> object:
+        if value is None:
+            raise ValueError("leave the field out rather than sending null")
+        return value
+
+
+class ThresholdOverrides(Options):
     query_similarity: Cosine | None = Field(
         default=None, description="Serve the reply of the nearest stored query at or above this cosine."
     )
@@ -45,34 +112,33 @@ class ThresholdOverrides(Strict):
         return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
-class ReplyRequest(Strict):
-    context: list[Turn] | None = Field(
-        default=None, min_length=1, max_length=MAX_TURNS, description="The conversation so far, oldest first."
+class ReplyRequest(Options):
+    # Either a whole context, or a session id with the new message.
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra=_without_nulls(
+            [
+                {"required": ["context"], "not": {"anyOf": [{"required": ["session_id"]}, {"required": ["message"]}]}},
+                {"required": ["session_id", "message"], "not": {"required": ["context"]}},
+            ]
+        ),
+    )
+
+    context: Annotated[list[Turn], Field(min_length=1, max_length=MAX_TURNS)] | None = Field(
+        default=None, description="The conversation so far, oldest first."
     )
     session_id: SessionId | None = Field(default=None, description="Keep the context server-side under this id.")
     message: Turn | None = Field(default=None, description="The new user message, with session_id.")
-    k: int | None = Field(default=None, ge=1, le=MAX_K, description="How many candidates to return.")
-    strategies: list[Strategy] | None = Field(
-        default=None, min_length=1, max_length=3, description="Strategies allowed, tried in the fixed order."
-    )
-    rerank: bool | None = Field(
+    k: Count | None = Field(default=None, description="How many candidates to return.")
+    strategies: (
+        Annotated[list[Strategy], Field(min_length=1, max_length=3, json_schema_extra={"uniqueItems": True})] | None
+    ) = Field(default=None, description="Strategies allowed, tried in the fixed order; no repeats.")
+    rerank: Annotated[bool, Field(strict=True)] | None = Field(
         default=None, description="Rerank reply matching with the poly head; on by default when the model has one."
     )
     thresholds: ThresholdOverrides | None = Field(
         default=None, description="Override the model's calibrated thresholds for this request."
     )
-
-    @field_validator("context")
-    @classmethod
-    def _turns_not_blank(cls, turns: list[str] | None) -> list[str] | None:
-        for turn in turns or []:
-            _not_blank(turn)
-        return turns
-
-    @field_validator("message")
-    @classmethod
-    def _message_not_blank(cls, message: str | None) -> str | None:
-        return None if message is None else _not_blank(message)
 
     @field_validator("strategies")
     @classmethod
@@ -95,17 +161,32 @@ class ReplyResponse(BaseModel):
     source: Source
     score: float
     reranked: bool  # whether the poly head reordered the reply-matching candidates
+    # Probability that reply matching's top reply is acceptable, when it ran
+    # and the model has a confidence model; below the reaction threshold a
+    # reaction answers instead.
+    confidence: float | None = None
     candidates: list[Candidate]
     index_version: str
     session_id: str | None = None
 
 
-class SimilarRequest(Strict):
-    text: Turn | None = Field(default=None, description="Find the stored queries most similar to this.")
-    pairs: list[tuple[Turn, Turn]] | None = Field(
-        default=None, min_length=1, max_length=MAX_PAIRS, description="Sentence pairs to score."
+class SimilarRequest(Options):
+    model_config = ConfigDict(
+        extra="forbid",
+        # Either a text (and a k), or pairs.
+        json_schema_extra=_without_nulls(
+            [
+                {"required": ["text"], "not": {"required": ["pairs"]}},
+                {"required": ["pairs"], "not": {"anyOf": [{"required": ["text"]}, {"required": ["k"]}]}},
+            ]
+        ),
     )
-    k: int | None = Field(default=None, ge=1, le=MAX_K)
+
+    text: Turn | None = Field(default=None, description="Find the stored queries most similar to this.")
+    pairs: Annotated[list[tuple[Turn, Turn]], Field(min_length=1, max_length=MAX_PAIRS)] | None = Field(
+        default=None, description="Sentence pairs to score."
+    )
+    k: Count | None = Field(default=None, description="How many stored queries to return (with text).")
 
 
 class SimilarQuery(BaseModel):
@@ -129,6 +210,7 @@ class Readiness(BaseModel):
     bundle: str | None
     index_version: str | None
     redis: Literal["up", "down", "disabled"]
+    problem: str | None = None  # why not ready: loading, draining, or what failed to load
 
 
 class Info(BaseModel):

@@ -3,6 +3,7 @@ and a small synthetic index built with the real index builder."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -13,12 +14,14 @@ import numpy as np
 import pytest
 import redis
 import torch
+from fastapi import FastAPI
 
 from app.config import Settings
-from app.engine.bundle import TOKENIZER_FILE, PolySpec, ReactionSpec, read_manifest
-from app.engine.encoder import Encoder
+from app.core.bundle import MANIFEST, TOKENIZER_FILE, PolySpec, ReactionSpec, read_manifest
+from app.core.encoder import Encoder
 from app.main import create_app
-from index.build import Candidate, build_version
+from index.build import build_version
+from index.records import Candidate
 from index.store import IndexStore
 from models.encoder import DualEncoder, minilm_path, tiny_body
 from models.export import ExportConfig, export_bundle
@@ -52,6 +55,27 @@ def tiny_candidates() -> list[Candidate]:
 @pytest.fixture(scope="session")
 def anyio_backend() -> str:
     return "asyncio"
+
+
+def bundle_of(artifacts: Path) -> Path:
+    """The one bundle a test artifacts/ directory holds."""
+    return next(p for p in sorted((artifacts / "bundles").iterdir()) if (p / MANIFEST).is_file())
+
+
+# The service's 50 ms Redis timeout is a latency bound; on a loaded CI machine a
+# test that is about sessions or the cache would trip the bypass instead. Tests
+# about timeouts set their own.
+TEST_REDIS_TIMEOUT_MS = 1000
+
+
+def settings_for(artifacts: Path, **overrides: object) -> Settings:
+    """Settings serving the bundle under `artifacts` (not the release), with its index."""
+    defaults = {
+        "artifacts_dir": artifacts,
+        "bundle_dir": bundle_of(artifacts),
+        "redis_timeout_ms": TEST_REDIS_TIMEOUT_MS,
+    }
+    return Settings(**{**defaults, **overrides})  # type: ignore[arg-type]
 
 
 def export_and_index(model: DualEncoder, config: ExportConfig, root: Path) -> Path:
@@ -121,6 +145,12 @@ def redis_client() -> redis.Redis:
     return client
 
 
+@pytest.fixture
+def clean_redis(redis_client: redis.Redis) -> redis.Redis:
+    redis_client.flushdb()
+    return redis_client
+
+
 def closed_port() -> int:
     """A port nothing listens on: bind, read the number, close."""
     with socket.socket() as s:
@@ -131,15 +161,25 @@ def closed_port() -> int:
 AppFactory = Callable[..., AbstractAsyncContextManager[httpx.AsyncClient]]
 
 
+async def loaded(app: FastAPI, timeout_s: float = 60) -> None:
+    """The lifespan starts serving at once and loads in the background; tests start once it is done."""
+    for _ in range(int(timeout_s * 100)):
+        if app.state.runtime is not None:
+            return
+        await asyncio.sleep(0.01)
+    raise TimeoutError("the app did not finish loading")
+
+
 @pytest.fixture
 def make_client(artifacts: Path) -> AppFactory:
     """make_client(**settings) -> an httpx client on a fresh app, lifespan run."""
 
     @asynccontextmanager
     async def factory(**overrides: object) -> AsyncIterator[httpx.AsyncClient]:
-        settings = Settings(**{"artifacts_dir": artifacts, **overrides})  # type: ignore[arg-type]
+        settings = settings_for(artifacts, **overrides)
         app = create_app(settings)
         async with app.router.lifespan_context(app):
+            await loaded(app)
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
                 yield client

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import pytest
 
-from tests.conftest import PAIRS, REPLY_ONLY
+from app.engine.runtime import build_runtime
+from tests.conftest import PAIRS, REPLY_ONLY, AppFactory, settings_for
+from tests.test_admin import TOKEN, upload
 
 pytestmark = pytest.mark.anyio
 
@@ -22,17 +26,24 @@ async def test_reply_with_a_stored_query_answers_by_query_similarity(client: htt
 
 
 async def test_reply_matching_alone_scores_replies_against_the_context(client: httpx.AsyncClient) -> None:
-    # The context is a stored reply verbatim, so its own vector is the nearest.
     response = await client.post(
-        "/reply", json={"context": ["haha that's funny"], "strategies": ["reply_matching"], "k": 3}
+        "/reply", json={"context": ["do you play any sports?"], "strategies": ["reply_matching"], "k": 3}
     )
     body = response.json()
     assert body["source"] == "reply_matching"
-    assert body["reply"] == "haha that's funny"
     assert len(body["candidates"]) == 3
     assert all(c["source"] == "reply_matching" for c in body["candidates"])
     scores = [c["score"] for c in body["candidates"]]
     assert scores == sorted(scores, reverse=True)
+
+
+async def test_the_users_own_words_never_come_back(client: httpx.AsyncClient) -> None:
+    # The last turn is a stored reply verbatim, so its own vector is the nearest: the echo check drops it,
+    # and its near copies with it.
+    for last in ["haha that's funny", "Haha, that's funny!!", "haha thats funny"]:
+        body = (await client.post("/reply", json={"context": ["what's up", last], "k": 50})).json()
+        assert "haha that's funny" not in [c["text"] for c in body["candidates"]]
+        assert body["reply"] != "haha that's funny"
 
 
 async def test_k_bounds_the_candidate_list(client: httpx.AsyncClient) -> None:
@@ -87,3 +98,34 @@ async def test_in_process_sessions_keep_context_and_do_not_repeat(client: httpx.
     second = (await client.post("/reply", json={"session_id": "local-1", "message": "my cat is sick"})).json()
     assert first["session_id"] == "local-1"
     assert second["reply"] != first["reply"]
+
+
+async def test_an_uncalibrated_model_says_where_its_thresholds_come_from(client: httpx.AsyncClient) -> None:
+    info = (await client.get("/info")).json()
+    model, index = info["model"], info["index"]
+    assert model["calibration"] == {} and model["thresholds_from"].startswith("not calibrated")
+    profile = index["profile"]
+    assert 0 < profile["query_neighbour_p50"] <= profile["query_neighbour_p99"] <= 1
+    assert model["thresholds"]["query_similarity"] == profile["query_neighbour_p99"]
+    assert model["reaction_fallback"].startswith("off")  # the tiny bundle has no reactions
+    assert model["reaction_sets"] == []
+
+
+async def test_with_one_stored_query_and_no_calibration_query_similarity_is_off(
+    make_client: AppFactory, tmp_path: Path
+) -> None:
+    # One stored query has no neighbour to set a threshold from; the untrained 0.7 would let it answer
+    # every turn a zero-shot encoder finds vaguely alike.
+    async with make_client(artifacts_dir=tmp_path, admin_token=TOKEN) as client:
+        job = await upload(client, [{"query": "my cat is sick", "reply": "oh no"}, {"reply": "lol"}], mode="replace")
+        assert job["state"] == "succeeded", job
+        info = (await client.get("/info")).json()["model"]
+        answer = (await client.post("/reply", json={"context": ["my cat is sick"]})).json()
+    assert info["thresholds"]["query_similarity"] > 1  # above any cosine, and still a JSON number
+    assert info["thresholds_from"].startswith("not calibrated: query similarity off")
+    assert answer["source"] == "reply_matching"  # not even the stored query itself answers by query similarity
+
+
+def test_the_cache_folds_case_only_for_a_model_that_does(artifacts: Path) -> None:
+    runtime = build_runtime(settings_for(artifacts))
+    assert runtime.current().encoder.lowercases and runtime.cache.lowercase  # the tiny bundle uses MiniLM's WordPiece

@@ -18,7 +18,20 @@ BAD_REPLY_BODIES: list[tuple[str, Any, str]] = [
     ("empty context", {"context": []}, "context"),
     ("too many turns", {"context": ["hi"] * (MAX_TURNS + 1)}, "context"),
     ("empty turn", {"context": ["hi", ""]}, "context.1"),
-    ("blank turn", {"context": ["   "]}, "context"),
+    ("blank turn", {"context": ["   "]}, "context.0"),
+    ("NUL bytes only", {"context": ["\x00\x00"]}, "context.0"),
+    ("a NUL inside a turn", {"context": ["hi\x00there"]}, "context.0"),
+    ("zero-width spaces only", {"context": ["\u200b\u200b"]}, "context.0"),
+    ("no-break spaces only", {"context": ["\u00a0 \u3000"]}, "context.0"),
+    ("byte-order mark and joiners only", {"context": ["\ufeff\u200d\u2060"]}, "context.0"),
+    ("k as a boolean", {"context": ["hi"], "k": True}, "k"),
+    ("k as a string of digits", {"context": ["hi"], "k": "5"}, "k"),
+    ("rerank as a string", {"context": ["hi"], "rerank": "yes"}, "rerank"),
+    (
+        "threshold as a string",
+        {"context": ["hi"], "thresholds": {"reply_matching": "0.5"}},
+        "thresholds.reply_matching",
+    ),
     ("turn too long", {"context": [TOO_LONG]}, "context.0"),
     ("turn not a string", {"context": [42]}, "context.0"),
     ("context not a list", {"context": "hi"}, "context"),
@@ -35,6 +48,7 @@ BAD_REPLY_BODIES: list[tuple[str, Any, str]] = [
     ("session id with spaces", {"session_id": "a b", "message": "hi"}, "session_id"),
     ("message too long", {"session_id": "s1", "message": TOO_LONG}, "message"),
     ("blank message", {"session_id": "s1", "message": " "}, "message"),
+    ("invisible message", {"session_id": "s1", "message": "\u200b"}, "message"),
     ("unknown field", {"context": ["hi"], "temperature": 0.7}, "temperature"),
     ("body not an object", ["hi"], "body"),
 ]
@@ -50,6 +64,10 @@ BAD_SIMILAR_BODIES: list[tuple[str, Any, str]] = [
     ("pair side too long", {"pairs": [["a", TOO_LONG]]}, "pairs.0.1"),
     ("k with pairs", {"pairs": [["a", "b"]], "k": 3}, "k"),
     ("k too large", {"text": "hi", "k": MAX_K + 1}, "k"),
+    ("k as a boolean", {"text": "hi", "k": True}, "k"),
+    ("blank text", {"text": " \u200b "}, "text"),
+    ("NUL text", {"text": "\x00"}, "text"),
+    ("blank side of a pair", {"pairs": [["a", "\u00a0"]]}, "pairs.0.1"),
 ]
 
 
@@ -97,3 +115,23 @@ async def test_unknown_route_and_method_use_the_same_shape(client: httpx.AsyncCl
     assert missing.status_code == 404 and missing.json()["error"]["kind"] == "not_found"
     wrong = await client.get("/reply")
     assert wrong.status_code == 405 and wrong.json()["error"]["kind"] == "method_not_allowed"
+
+
+async def test_text_in_any_script_with_emoji_and_line_breaks_is_fine(client: httpx.AsyncClient) -> None:
+    body = {"context": ["안녕하세요!\n오늘 뭐 해?", "je suis là 🙂\tça va", "zero\u200bwidth inside is fine"]}
+    assert (await client.post("/reply", json=body)).status_code == 200
+    assert (await client.post("/similar", json={"pairs": [["안녕", "안녕하세요"]]})).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(b'{"context": ["caf\xe9 \xff\xfe"]}', id="invalid UTF-8"),
+        pytest.param(b'{"context": ' + b"[" * 5000 + b"]" * 5000 + b"}", id="JSON nested too deep"),
+    ],
+)
+@pytest.mark.parametrize("path", ["/reply", "/similar"])
+async def test_a_body_that_cannot_be_parsed_names_the_body(client: httpx.AsyncClient, path: str, body: bytes) -> None:
+    response = await client.post(path, content=body, headers={"content-type": "application/json"})
+    assert_error(response, 422, "validation_error", "body")
+    assert response.json()["error"]["details"] == [{"field": "body", "message": response.json()["error"]["message"]}]

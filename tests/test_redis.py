@@ -3,20 +3,22 @@ the service with Redis down."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
 
 import pytest
 import redis
 
+from app.engine import kv as kv_module
+from app.engine.kv import open_store
 from tests.conftest import REDIS_URL, AppFactory, closed_port
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def clean_redis(redis_client: redis.Redis) -> redis.Redis:
-    redis_client.flushdb()
-    return redis_client
 
 
 async def test_session_turns_live_in_redis_with_a_ttl(make_client: AppFactory, clean_redis: redis.Redis) -> None:
@@ -76,3 +78,90 @@ async def test_redis_down_still_answers(make_client: AppFactory) -> None:
         ready = await client.get("/readyz")
         assert ready.status_code == 200
         assert ready.json() == {**ready.json(), "ready": True, "redis": "down"}
+
+
+class PrivateRedis:
+    """A redis-server of this test's own, on a free port, that the test can kill and restart."""
+
+    def __init__(self) -> None:
+        self.port = closed_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        command = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        for _ in range(100):
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.kill()  # SIGKILL: no goodbye to the connected clients
+        self.process.wait()
+
+
+@pytest.fixture
+def private_redis() -> Iterator[PrivateRedis]:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    server = PrivateRedis()
+    server.start()
+    yield server
+    if server.process is not None and server.process.poll() is None:
+        server.kill()
+
+
+async def test_after_a_redis_restart_the_first_session_turn_is_kept(
+    make_client: AppFactory, private_redis: PrivateRedis
+) -> None:
+    """Pooled connections from before the restart are dead; the first call on each
+    must reconnect, not trip the bypass and drop the turn it was writing."""
+    async with make_client(redis_url=private_redis.url, redis_timeout_ms=200) as client:
+        for i in range(3):  # several pooled connections, all soon stale
+            await client.post("/reply", json={"session_id": f"warm-{i}", "message": "hello"})
+        private_redis.kill()
+        private_redis.start()
+        reply = await client.post("/reply", json={"session_id": "after", "message": "good night"})
+        assert reply.status_code == 200
+        assert (await client.get("/readyz")).json()["redis"] == "up"
+    stored = redis.Redis(port=private_redis.port).lrange("session:after", 0, -1)
+    assert [json.loads(x)["role"] for x in stored] == ["user", "bot"]
+
+
+@pytest.mark.parametrize("health_check", [False, True], ids=["command", "health-check ping first"])
+async def test_a_frozen_redis_costs_one_timeout_then_is_bypassed(
+    private_redis: PrivateRedis, monkeypatch: pytest.MonkeyPatch, health_check: bool
+) -> None:
+    """SIGSTOP: connections are accepted and then never answered. A timeout must
+    trip the bypass at once; only a broken connection is worth a retry."""
+    if health_check:  # an idle pooled connection is pinged before its next command
+        monkeypatch.setattr(kv_module, "HEALTH_CHECK_INTERVAL_S", 0.05)
+    store = open_store(private_redis.url, timeout_ms=300, retry_after_s=30, memory_entries=0)
+    assert private_redis.process is not None
+    try:
+        await store.set_many({"k": b"v"}, 60)
+        assert await store.get_many(["k"]) == [b"v"]
+        await asyncio.sleep(0.1)
+        private_redis.process.send_signal(signal.SIGSTOP)
+        try:
+            started = time.perf_counter()
+            assert await store.get_many(["k"]) == [None]
+            frozen_s = time.perf_counter() - started
+            assert store.status == "down" and store.errors == 1
+            assert frozen_s < 0.5, f"{frozen_s:.2f}s: the 0.3 s timeout was paid more than once"
+            started = time.perf_counter()
+            assert await store.list_range("session:x") == []  # bypassed: no wait at all
+            assert time.perf_counter() - started < 0.05
+        finally:
+            private_redis.process.send_signal(signal.SIGCONT)
+    finally:
+        await store.close()

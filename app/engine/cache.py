@@ -1,7 +1,9 @@
 """Embedding cache: an in-process LRU in front of the shared store.
 
 Keys pin the model checksum, so vectors from one bundle are never served for
-another, and the normalised text, so "Hi  there" and "hi there" share one.
+another, and the normalised text, so "Hi  there" and "Hi there" share one.
+"Hi" and "hi" share one only for a model whose tokenizer lower-cases: a cased
+one (XLM-R, the multilingual bundle) sees two different inputs.
 """
 
 from __future__ import annotations
@@ -11,23 +13,23 @@ from collections import OrderedDict
 
 import numpy as np
 
+from app.core.text import normalize
 from app.engine.kv import Guarded
-from app.engine.text import normalize
 
 
 class EmbeddingCache:
-    def __init__(self, store: Guarded, local_entries: int, ttl_s: int) -> None:
+    def __init__(self, store: Guarded, local_entries: int, ttl_s: int, lowercase: bool = False) -> None:
         self.store = store
+        self.lowercase = lowercase  # the served model's tokenizer lower-cases (`Encoder.lowercases`)
         self.local_entries = local_entries
         self.ttl_s = ttl_s
         self._local: OrderedDict[str, np.ndarray] = OrderedDict()
         self.hits = 0
         self.misses = 0
 
-    @staticmethod
-    def key(model_checksum: str, kind: str, text: str) -> str:
+    def key(self, model_checksum: str, kind: str, text: str) -> str:
         """kind: what the vector is ("context", "reply", "poly"): one text has several."""
-        digest = hashlib.blake2b(normalize(text).encode(), digest_size=16).hexdigest()
+        digest = hashlib.blake2b(normalize(text, self.lowercase).encode(), digest_size=16).hexdigest()
         return f"emb:{model_checksum[:16]}:{kind}:{digest}"
 
     async def get_many(self, keys: list[str], sizes: int | list[int]) -> list[np.ndarray | None]:

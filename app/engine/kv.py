@@ -11,11 +11,15 @@ from collections import OrderedDict
 from typing import Literal, Protocol
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 log = logging.getLogger(__name__)
 
 Status = Literal["up", "down", "disabled"]
+HEALTH_CHECK_INTERVAL_S = 10
 
 
 class KeyValue(Protocol):
@@ -74,11 +78,32 @@ class MemoryKV:
         self._data.clear()
 
 
+def _client(url: str, timeout_s: float) -> aioredis.Redis:
+    """A client that reconnects rather than fails when a pooled connection went
+    stale (Redis restarted): one quick retry on a fresh connection, so only a
+    failure that survives it reaches the guard and trips the bypass. A
+    connection idle longer than the health-check interval is pinged first.
+
+    Only connection errors are retried. `Retry`'s default list also holds
+    TimeoutError, which `retry_on_timeout=False` does not take out: a frozen
+    Redis (SIGSTOP, a stalled host) then cost the timeout once per attempt,
+    health-check ping included, before the guard could bypass it."""
+    return aioredis.Redis.from_url(
+        url,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=Retry(
+            ExponentialBackoff(cap=timeout_s, base=timeout_s / 10), retries=1, supported_errors=(RedisConnectionError,)
+        ),
+        retry_on_error=[RedisConnectionError],
+        retry_on_timeout=False,  # a slow Redis is slow again on retry: bypass it instead
+        health_check_interval=HEALTH_CHECK_INTERVAL_S,
+    )
+
+
 class RedisKV:
     def __init__(self, url: str, timeout_s: float) -> None:
-        self.client = aioredis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry_on_timeout=False
-        )
+        self.client = _client(url, timeout_s)
 
     async def get_many(self, keys: list[str]) -> list[bytes | None]:
         return [v if isinstance(v, bytes) else None for v in await self.client.mget(keys)] if keys else []
@@ -121,6 +146,10 @@ class Guarded:
         self.retry_after_s = retry_after_s
         self.disabled = disabled  # an in-process store: nothing can be down
         self._down_until = 0.0
+        self.errors = 0  # failures that survived the client's reconnect, by operation below
+        self.errors_by_op: dict[str, int] = {}
+        self.bypass_seconds = 0.0  # total length of the bypass windows entered so far
+        self.skipped_calls = 0  # calls answered as misses or no-ops because Redis was bypassed
 
     @property
     def status(self) -> Status:
@@ -129,12 +158,21 @@ class Guarded:
         return "down" if time.monotonic() < self._down_until else "up"
 
     def _available(self) -> bool:
-        return time.monotonic() >= self._down_until
+        if time.monotonic() >= self._down_until:
+            return True
+        self.skipped_calls += 1
+        return False
 
     def _failed(self, op: str, error: Exception) -> None:
-        if self._available():
+        now = time.monotonic()
+        if now >= self._down_until:
             log.warning("redis %s failed (%s); bypassing it for %.0fs", op, error, self.retry_after_s)
-        self._down_until = time.monotonic() + self.retry_after_s
+            self.bypass_seconds += self.retry_after_s
+        else:  # already bypassed (a ping): the window only grows by what is new
+            self.bypass_seconds += now + self.retry_after_s - self._down_until
+        self.errors += 1
+        self.errors_by_op[op] = self.errors_by_op.get(op, 0) + 1
+        self._down_until = now + self.retry_after_s
 
     async def get_many(self, keys: list[str]) -> list[bytes | None]:
         if self._available():

@@ -1,9 +1,18 @@
-"""Per-session conversation history: the last N turns, user and bot, with a TTL."""
+"""Per-session conversation history: the last N turns, user and bot, with a TTL.
+
+Turns of one session are handled one request at a time, in arrival order
+(`SessionStore.turn`): two messages of one conversation in flight together
+would both read the history before either wrote, answer from stale context,
+and could store their turns in the wrong order.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Literal
 
 from app.engine.kv import Guarded
@@ -17,11 +26,31 @@ class SessionTurn:
     text: str
 
 
+@dataclass
+class _Holders:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0  # requests holding or waiting for the lock; at 0 the entry goes
+
+
 class SessionStore:
     def __init__(self, store: Guarded, max_turns: int, ttl_s: int) -> None:
         self.store = store
         self.max_turns = max_turns
         self.ttl_s = ttl_s
+        self._turns: dict[str, _Holders] = {}  # only sessions with a request in flight
+
+    @asynccontextmanager
+    async def turn(self, session_id: str) -> AsyncIterator[None]:
+        """Hold the session for one request: the next one waits (asyncio locks are first come, first served)."""
+        holders = self._turns.setdefault(session_id, _Holders())
+        holders.users += 1
+        try:
+            async with holders.lock:
+                yield
+        finally:
+            holders.users -= 1
+            if holders.users == 0:
+                del self._turns[session_id]
 
     @staticmethod
     def _key(session_id: str) -> str:

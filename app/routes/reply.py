@@ -1,14 +1,15 @@
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
+from app import logs
 from app.deps import RuntimeDep
 from app.engine import pipeline
 from app.engine.retriever import STRATEGY_ORDER, Scored
-from app.errors import ApiError, ErrorKind
+from app.errors import COMMON, ApiError, ErrorKind, responses
 from app.schemas import Candidate, ReplyRequest, ReplyResponse
 
-router = APIRouter(tags=["reply"])
+router = APIRouter(tags=["reply"], responses=responses(*COMMON))
 
 
 def _candidate(hit: Scored) -> Candidate:
@@ -16,7 +17,7 @@ def _candidate(hit: Scored) -> Candidate:
 
 
 @router.post("/reply", response_model=ReplyResponse, response_model_exclude_none=True)
-async def reply(body: ReplyRequest, runtime: RuntimeDep) -> ReplyResponse:
+async def reply(body: ReplyRequest, runtime: RuntimeDep, request: Request) -> ReplyResponse:
     """The best next reply for a conversation: pass `context`, or `session_id` + `message`."""
     options = pipeline.ReplyOptions(
         k=body.k or runtime.settings.default_k,
@@ -35,14 +36,29 @@ async def reply(body: ReplyRequest, runtime: RuntimeDep) -> ReplyResponse:
             ErrorKind.validation, f"{missing} is required (send context, or session_id with message)", missing
         )
     else:
-        outcome = await pipeline.session_reply(runtime, body.session_id, body.message, options)
+
+        async def still_wanted() -> bool:
+            return not await request.is_disconnected()
+
+        outcome = await pipeline.session_reply(runtime, body.session_id, body.message, options, still_wanted)
     best = outcome.answer.best
+    request.app.state.metrics.answers.labels(best.source).inc()
+    logs.note(
+        request.scope,
+        source=best.source,
+        index_version=outcome.index_version,
+        reranked=outcome.answer.reranked,
+        confidence=outcome.answer.confidence,
+        session=logs.session_digest(body.session_id) if body.session_id else None,
+        **({"text": body.context or body.message, "reply": best.text} if runtime.settings.log_text else {}),
+    )
     return ReplyResponse(
         reply=best.text,
         id=best.id,
         source=best.source,
         score=round(best.score, 6),
-        reranked=outcome.reranked,
+        reranked=outcome.answer.reranked,
+        confidence=None if outcome.answer.confidence is None else round(outcome.answer.confidence, 4),
         candidates=[_candidate(h) for h in outcome.answer.candidates],
         index_version=outcome.index_version,
         session_id=body.session_id,

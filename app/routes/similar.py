@@ -1,17 +1,18 @@
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
+from app import logs
 from app.deps import RuntimeDep
 from app.engine import pipeline
-from app.errors import ApiError, ErrorKind
+from app.errors import COMMON, ApiError, ErrorKind, responses
 from app.schemas import SimilarQuery, SimilarRequest, SimilarResponse
 
-router = APIRouter(tags=["similarity"])
+router = APIRouter(tags=["similarity"], responses=responses(*COMMON))
 
 
 @router.post("/similar", response_model=SimilarResponse, response_model_exclude_none=True)
-async def similar(body: SimilarRequest, runtime: RuntimeDep) -> SimilarResponse:
+async def similar(body: SimilarRequest, runtime: RuntimeDep, request: Request) -> SimilarResponse:
     """`text`: the most similar stored queries and their replies. `pairs`: a cosine per pair."""
     if (body.text is None) == (body.pairs is None):
         raise ApiError(ErrorKind.validation, "give exactly one of text or pairs", "text")
@@ -19,9 +20,11 @@ async def similar(body: SimilarRequest, runtime: RuntimeDep) -> SimilarResponse:
         if body.k is not None:
             raise ApiError(ErrorKind.validation, "k applies to text, not pairs", "k")
         scores, version = await pipeline.pair_scores(runtime, body.pairs)
+        logs.note(request.scope, index_version=version, pairs=len(body.pairs))
         return SimilarResponse(scores=scores, index_version=version)
     assert body.text is not None
     matches, version = await pipeline.similar_queries(runtime, body.text, body.k or runtime.settings.default_k)
+    logs.note(request.scope, index_version=version)
     return SimilarResponse(
         matches=[SimilarQuery(query=q, reply=r, score=s) for q, r, s in matches], index_version=version
     )
