@@ -93,12 +93,15 @@ class Service:
 
     def start(self, wait: bool = True) -> float:
         env = {k: v for k, v in os.environ.items() if not k.startswith("CHITCHAT_")}
+        # The scenario's own settings win over these defaults (scenario 9 turns admin off).
         env.update(
-            CHITCHAT_ARTIFACTS_DIR=str(self.artifacts),
-            CHITCHAT_ADMIN_TOKEN=TOKEN,
-            CHITCHAT_LOG_LEVEL="warning",
-            **({"CHITCHAT_REDIS_URL": self.redis_url} if self.redis_url else {}),
-            **self.env,
+            {
+                "CHITCHAT_ARTIFACTS_DIR": str(self.artifacts),
+                "CHITCHAT_ADMIN_TOKEN": TOKEN,
+                "CHITCHAT_LOG_LEVEL": "warning",
+                **({"CHITCHAT_REDIS_URL": self.redis_url} if self.redis_url else {}),
+                **self.env,
+            }
         )
         command = [sys.executable, "-m", "uvicorn", "app.main:create_app", "--factory", "--host", "127.0.0.1"]
         command += ["--port", str(self.port), "--no-access-log", "--timeout-graceful-shutdown", "20"]

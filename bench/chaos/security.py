@@ -21,16 +21,19 @@ ADMIN_ROUTES = [
     ("GET", "/admin/index", None),
     ("POST", "/admin/rollback", None),
 ]
+# Header values never end in whitespace on the wire (RFC 9110 strips it, and
+# httpx refuses to send it), so "empty" is the bare scheme and a stray space
+# goes inside the token.
 BAD_CREDENTIALS = {
     "missing": {},
     "wrong": {"authorization": "Bearer not-the-token"},
-    "empty": {"authorization": "Bearer "},
+    "empty": {"authorization": "Bearer"},
     "prefix": {"authorization": f"Bearer {TOKEN[:-1]}"},
     "longer": {"authorization": f"Bearer {TOKEN}x"},
     "basic scheme": {"authorization": f"Basic {TOKEN}"},
     "token scheme": {"authorization": f"Token {TOKEN}"},
     "no scheme": {"authorization": TOKEN},
-    "trailing space": {"authorization": f"Bearer {TOKEN} "},
+    "space inside": {"authorization": f"Bearer {TOKEN[:4]} {TOKEN[4:]}"},
     "another header": {"x-api-key": TOKEN},
 }
 
