@@ -75,7 +75,7 @@ judge: install-train  ## the zero-shot MiniLM that judges answers in calibration
 
 # Teacher, student with poly head, reactions -> bundles (resumable: rerun to
 # continue), then the student's index, its calibration and the evaluation.
-# PROFILE=full took about 2 h here on 2 CPU cores; PROFILE=quick minutes.
+# PROFILE=full took 113 min here on 2 CPU cores (103 of them training); PROFILE=quick minutes.
 train: judge  ## train -> index -> calibrate -> eval (PROFILE=full|quick)
 	$(PY) -m models.train --profile $(PROFILE)
 	$(PY) -m index.build --if-missing --bundle $(STUDENT)
