@@ -98,7 +98,7 @@ def replay(
     for i in range(n):
         window = contexts[i][-serving.bundle.max_context_turns :]
         avoid = Avoid.of(window)
-        q = retriever.query_similarity(serving, last[i], 1, avoid)
+        q = retriever.query_similarity(serving, last[i], 1, avoid, contexts[i][-1])
         r = retriever.reply_matching(serving, context[i], 1, avoid, None if poly is None else poly[i], rerank_depth)
         x = retriever.reaction(serving, context[i], 1, avoid, window)
         rows.append(features([h.score for h in r], window, r[0].text if r else ""))

@@ -54,6 +54,18 @@ async def test_unsure_query_similarity_falls_through_to_reply_matching(runtime: 
     assert all(c.source == "reply_matching" for c in outcome.answer.candidates)
 
 
+async def test_a_stored_query_typed_again_scores_one_despite_the_8_bit_codes(runtime: Runtime) -> None:
+    # A calibrated threshold can sit near 1, above what a stored query's own
+    # vector scores through the quantised index.
+    with_query_threshold(runtime, 0.9999)
+    outcome = await pipeline.reply(runtime, ["hi", "My  cat is SICK"], ReplyOptions(3, BOTH), set())
+    assert outcome.answer.best.source == "query_similarity"
+    assert outcome.answer.best.score == 1.0
+    assert outcome.answer.best.text == "oh no, i hope she gets better soon"
+    reworded = await pipeline.reply(runtime, ["hi", "my cat is sick, sadly"], ReplyOptions(3, BOTH), set())
+    assert reworded.answer.best.source == "reply_matching"
+
+
 async def test_when_no_strategy_is_confident_the_last_one_tried_answers(runtime: Runtime) -> None:
     with_query_threshold(runtime, 1.01)
     outcome = await pipeline.reply(runtime, ["my cat is sick"], ReplyOptions(3, ["query_similarity"]), set())

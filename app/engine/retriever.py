@@ -147,14 +147,24 @@ def _distinct(hits: list[Scored], k: int, avoid: Avoid) -> list[Scored]:
 OVERFETCH = 8
 
 
-def query_similarity(serving: Serving, query_vector: np.ndarray, k: int, avoid: Avoid) -> list[Scored]:
-    """Stored queries nearest to the last utterance -> the replies paired with them."""
+def query_similarity(
+    serving: Serving, query_vector: np.ndarray, k: int, avoid: Avoid, text: str | None = None
+) -> list[Scored]:
+    """Stored queries nearest to the last utterance -> the replies paired with them.
+
+    `text`, the last utterance itself: a stored query equal to it once
+    normalised comes first with score 1.0, the cosine of identical inputs,
+    which the 8-bit codes would blur to about 0.997."""
     index = serving.index
+    exact = index.query_rows_by_text.get(normalize(text), []) if text is not None else []
     # Several stored queries can share a reply, and blocked replies are
     # dropped afterwards, so over-fetch.
     scores, rows = _search(index.query_index, query_vector, 2 * k + len(avoid) + OVERFETCH)
+    ranked = [(1.0, row) for row in exact] + [
+        (score, row) for score, row in zip(scores.tolist(), rows.tolist(), strict=True) if row not in exact
+    ]
     hits = []
-    for score, row in zip(scores.tolist(), rows.tolist(), strict=True):
+    for score, row in ranked:
         reply_row = int(index.query_reply_rows[row])
         hits.append(
             Scored(reply_row, index.reply_ids[reply_row], index.reply_texts[reply_row], score, "query_similarity")
@@ -262,7 +272,7 @@ def walk(serving: Serving, request: WalkRequest) -> Answer | None:
     can_react = "reaction" in allowed and serving.reactions_apply(request.window)
     fallback: list[Scored] = []
     if "query_similarity" in allowed and request.query_vector is not None:
-        hits = query_similarity(serving, request.query_vector, k, request.avoid)
+        hits = query_similarity(serving, request.query_vector, k, request.avoid, request.window[-1])
         if hits and hits[0].score >= thresholds.query_similarity:
             return Answer(hits[0], hits)
         fallback = hits
