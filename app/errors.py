@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
@@ -101,11 +102,14 @@ def error_body(error: ApiError) -> dict[str, Any]:
     }
 
 
-def error_response(error: ApiError) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if error.kind is ErrorKind.unauthorized else None
+def error_response(error: ApiError, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    """`headers`: what the error already carries, e.g. a 405's Allow."""
+    headers = dict(headers or {})
+    if error.kind is ErrorKind.unauthorized:
+        headers["WWW-Authenticate"] = "Bearer"
     if error.kind is ErrorKind.overloaded:
-        headers = {"Retry-After": "1"}
-    return JSONResponse(error_body(error), status_code=STATUS[error.kind], headers=headers)
+        headers["Retry-After"] = "1"
+    return JSONResponse(error_body(error), status_code=STATUS[error.kind], headers=headers or None)
 
 
 def _field(loc: tuple[int | str, ...]) -> str:
@@ -158,7 +162,8 @@ def install(app: FastAPI) -> None:
             # JSON nested too deeply). Like any other bad body, the field is "body".
             return error_response(ApiError(ErrorKind.validation, f"body: {exc.detail}", "body"))
         kind = _HTTP_KINDS.get(exc.status_code, ErrorKind.validation if exc.status_code < 500 else ErrorKind.internal)
-        return error_response(ApiError(kind, str(exc.detail)))
+        # Starlette's 405 names the methods the route does take in Allow (RFC 9110 15.5.6).
+        return error_response(ApiError(kind, str(exc.detail)), exc.headers)
 
     async def engine_error(_: Request, exc: Exception) -> JSONResponse:
         return error_response(ApiError(_ENGINE_KINDS[type(exc)], str(exc)))

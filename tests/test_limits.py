@@ -115,6 +115,7 @@ async def test_unknown_route_and_method_use_the_same_shape(client: httpx.AsyncCl
     assert missing.status_code == 404 and missing.json()["error"]["kind"] == "not_found"
     wrong = await client.get("/reply")
     assert wrong.status_code == 405 and wrong.json()["error"]["kind"] == "method_not_allowed"
+    assert wrong.headers["allow"] == "POST"  # what a client may send instead
 
 
 async def test_text_in_any_script_with_emoji_and_line_breaks_is_fine(client: httpx.AsyncClient) -> None:
