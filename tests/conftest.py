@@ -62,7 +62,7 @@ def bundle_of(artifacts: Path) -> Path:
     return next(p for p in sorted((artifacts / "bundles").iterdir()) if (p / MANIFEST).is_file())
 
 
-# The service's 50 ms Redis timeout is a latency bound; on a loaded CI machine a
+# The service's 250 ms Redis timeout is a latency bound; on a loaded CI machine a
 # test that is about sessions or the cache would trip the bypass instead. Tests
 # about timeouts set their own.
 TEST_REDIS_TIMEOUT_MS = 1000
