@@ -51,6 +51,9 @@ class Settings(BaseSettings):
     search_threads: int = Field(default=2, ge=1, le=64)
     # Requests waiting for the encoder (or for a search) beyond this get 429 rather than a long queue.
     max_pending: int = Field(default=64, ge=1)
+    # Requests on /reply and /similar at once, beyond which a new one gets 429 before its
+    # body is read. Above max_pending, so a burst the queue can hold is not refused.
+    max_in_flight: int = Field(default=64, ge=1)
     # Encoder batches: at most this many tokens, and an idle server waits at most
     # this long for other requests to join (`bench.load` measures the trade).
     batch_max_tokens: int = Field(default=4096, ge=64)

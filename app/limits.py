@@ -1,16 +1,72 @@
-"""Request body size limit, enforced before the body is parsed.
+"""Limits enforced before a request's body is parsed: its size, and how many
+requests are in flight.
 
-Pure ASGI so it sees chunked uploads too: a missing or false Content-Length
-cannot smuggle a larger body past it.
+Pure ASGI, so they cost a refused request almost nothing, and the size limit
+sees chunked uploads too: a missing or false Content-Length cannot smuggle a
+larger body past it.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.errors import ApiError, ErrorKind, error_body
+from app.errors import STATUS, ApiError, ErrorKind, error_body
+
+
+async def _send_error(send: Send, error: ApiError, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    payload = json.dumps(error_body(error)).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(payload)).encode()),
+        *(headers or []),
+    ]
+    await send({"type": "http.response.start", "status": STATUS[error.kind], "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
+
+
+@dataclass
+class Admission:
+    """How many requests the admission limit holds and has refused (metrics read it)."""
+
+    max_in_flight: int
+    in_flight: int = 0
+    refused: int = 0
+
+
+class AdmissionLimit:
+    """Past `max_in_flight` requests on `paths`, a new one gets 429 at once.
+
+    The encoder queue and the search pool refuse too, but only after the
+    request was read, parsed and validated: under a flood that work, on the
+    same event loop, is what delays every answer, refusals included (text-
+    embeddings-inference's `max_concurrent_requests` is the same check)."""
+
+    def __init__(self, app: ASGIApp, admission: Admission, paths: frozenset[str]) -> None:
+        self.app = app
+        self.admission = admission
+        self.paths = paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] not in self.paths:
+            await self.app(scope, receive, send)
+            return
+        admission = self.admission
+        if admission.in_flight >= admission.max_in_flight:
+            admission.refused += 1
+            # Read what was sent, unparsed, so the connection stays usable for the retry.
+            while (message := await receive())["type"] == "http.request" and message.get("more_body", False):
+                pass
+            error = ApiError(ErrorKind.overloaded, f"{admission.in_flight} requests already in flight; retry shortly")
+            await _send_error(send, error, [(b"retry-after", b"1")])
+            return
+        admission.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            admission.in_flight -= 1
 
 
 class BodySizeLimit:
@@ -20,11 +76,7 @@ class BodySizeLimit:
         self.per_path = per_path or {}  # exact path -> its own limit (bulk uploads)
 
     async def _reject(self, send: Send, limit: int) -> None:
-        error = ApiError(ErrorKind.payload_too_large, f"request body exceeds {limit} bytes", "body")
-        payload = json.dumps(error_body(error)).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-        await send({"type": "http.response.start", "status": 413, "headers": headers})
-        await send({"type": "http.response.body", "body": payload})
+        await _send_error(send, ApiError(ErrorKind.payload_too_large, f"request body exceeds {limit} bytes", "body"))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):

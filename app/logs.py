@@ -70,12 +70,18 @@ class RequestLog:
     """Pure ASGI, outermost: it sees every response, 413s and 500s included."""
 
     def __init__(
-        self, app: ASGIApp, enabled: bool = True, observe: Callable[[str, str, int, float], None] | None = None
+        self,
+        app: ASGIApp,
+        enabled: bool = True,
+        observe: Callable[[str, str, int, float], None] | None = None,
+        static_routes: frozenset[str] = frozenset(),
     ) -> None:
-        """observe(route template, method, status, seconds), for metrics."""
+        """observe(route template, method, status, seconds), for metrics. `static_routes`: paths
+        that are their own route template, counted as such when refused before routing (429)."""
         self.app = app
         self.enabled = enabled
         self.observe = observe
+        self.static_routes = static_routes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -101,7 +107,9 @@ class RequestLog:
             if self.observe is not None:
                 # The route's template, not the path: /admin/jobs/{job_id} is one series, and unmatched
                 # paths (404s, scanners) all fall into one.
-                route = getattr(scope.get("route"), "path", None) or "unmatched"
+                route = getattr(scope.get("route"), "path", None)
+                if route is None:
+                    route = scope["path"] if scope["path"] in self.static_routes else "unmatched"
                 self.observe(route, scope["method"], status, seconds)
             if self.enabled:
                 fields = {

@@ -18,11 +18,14 @@ from app.admin import build_admin
 from app.config import Settings, get_settings
 from app.engine import replicas
 from app.engine.runtime import build_runtime
-from app.limits import BodySizeLimit
+from app.limits import Admission, AdmissionLimit, BodySizeLimit
 from app.metrics import Metrics
 from app.routes import admin, demo, health, metrics, reply, similar
 
 log = logging.getLogger(__name__)
+
+# The routes whose work queues for the encoder, and so what admission control counts.
+ENCODER_ROUTES = frozenset({"/reply", "/similar"})
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -57,7 +60,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="chit-chat reply retrieval", version="0.1.0", lifespan=lifespan)
     errors.install(app)
     app.state.runtime = app.state.admin = app.state.load_error = None
-    app.state.metrics = Metrics(lambda: (app.state.runtime, app.state.admin))
+    app.state.admission = Admission(settings.max_in_flight)
+    app.state.metrics = Metrics(lambda: (app.state.runtime, app.state.admin), app.state.admission)
 
     app.include_router(reply.router)
     app.include_router(similar.router)
@@ -71,8 +75,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_bytes=settings.max_body_bytes,
         per_path={p: settings.admin_max_body_bytes for p in ("/admin/candidates", "/admin/candidates/delete")},
     )
-    # Outermost: it logs and counts 413s too.
-    app.add_middleware(logs.RequestLog, enabled=settings.access_log, observe=app.state.metrics.observe)
+    app.add_middleware(AdmissionLimit, admission=app.state.admission, paths=ENCODER_ROUTES)
+    # Outermost: it logs and counts 413s and 429s too.
+    app.add_middleware(
+        logs.RequestLog,
+        enabled=settings.access_log,
+        observe=app.state.metrics.observe,
+        static_routes=ENCODER_ROUTES,
+    )
     return app
 
 

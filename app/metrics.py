@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 
 from app.engine.retriever import Strategy
 from app.engine.stats import Buckets
+from app.limits import Admission
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 # The operations app.engine.kv.Guarded counts failures of (tests/test_metrics.py keeps the two in step).
@@ -31,14 +32,18 @@ def _histogram(name: str, documentation: str, buckets: Buckets) -> HistogramMetr
 class EngineCollector(Collector):
     """Reads the runtime and the admin side of one app when scraped."""
 
-    def __init__(self, state: Callable[[], tuple[Any, Any]]) -> None:
+    def __init__(self, state: Callable[[], tuple[Any, Any]], admission: Admission) -> None:
         self.state = state  # () -> (runtime or None, admin or None)
+        self.admission = admission
 
     def collect(self) -> Iterator[Any]:
         runtime, admin = self.state()
         if runtime is None:
             return
         queue = runtime.encoder_queue
+        yield GaugeMetricFamily(
+            "chitchat_in_flight", "Requests on /reply and /similar in flight", value=self.admission.in_flight
+        )
         yield GaugeMetricFamily("chitchat_encoder_queue_depth", "Requests waiting for the encoder", value=queue.pending)
         yield _histogram("chitchat_encoder_batch_requests", "Requests per encoder batch", queue.stats.batch_items)
         yield _histogram("chitchat_encoder_batch_tokens", "Tokens per encoder batch", queue.stats.batch_cost)
@@ -48,6 +53,7 @@ class EngineCollector(Collector):
         refused = CounterMetricFamily(
             "chitchat_refused", "Requests refused with 429, by the queue that was full", labels=["queue"]
         )
+        refused.add_metric(["in_flight"], self.admission.refused)  # before the body was read
         refused.add_metric(["encoder"], queue.stats.refused)
         refused.add_metric(["search"], runtime.pool.refused)
         yield refused
@@ -99,7 +105,7 @@ class EngineCollector(Collector):
 
 
 class Metrics:
-    def __init__(self, state: Callable[[], tuple[Any, Any]]) -> None:
+    def __init__(self, state: Callable[[], tuple[Any, Any]], admission: Admission) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "chitchat_http_requests", "HTTP requests", ["route", "method", "status"], registry=self.registry
@@ -117,7 +123,7 @@ class Metrics:
         # Every source from the start, at 0: a series born at its first answer hides that answer from rate().
         for source in get_args(Strategy):
             self.answers.labels(source)
-        self.registry.register(EngineCollector(state))
+        self.registry.register(EngineCollector(state, admission))
 
     def observe(self, route: str, method: str, status: int, seconds: float) -> None:
         self.requests.labels(route, method, str(status)).inc()

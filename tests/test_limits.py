@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
@@ -136,3 +137,37 @@ async def test_a_body_that_cannot_be_parsed_names_the_body(client: httpx.AsyncCl
     response = await client.post(path, content=body, headers={"content-type": "application/json"})
     assert_error(response, 422, "validation_error", "body")
     assert response.json()["error"]["details"] == [{"field": "body", "message": response.json()["error"]["message"]}]
+
+
+async def test_past_the_in_flight_limit_a_request_is_refused_before_its_body_is_read() -> None:
+    from app.limits import Admission, AdmissionLimit
+
+    release = asyncio.Event()
+    reached = 0
+
+    async def slow(scope: Any, receive: Any, send: Any) -> None:
+        nonlocal reached
+        await receive()
+        reached += 1
+        await release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    admission = Admission(max_in_flight=2)
+    limited = AdmissionLimit(slow, admission, paths=frozenset({"/reply"}))
+    transport = httpx.ASGITransport(app=limited)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        held = [asyncio.create_task(client.post("/reply", json={"context": ["hi"]})) for _ in range(2)]
+        while reached < 2:
+            await asyncio.sleep(0.001)
+        refused = await client.post("/reply", json={"context": ["hi"]})
+        other_route = asyncio.create_task(client.post("/admin/index", json={}))  # not counted, so not refused
+        await asyncio.sleep(0.01)
+        assert reached == 3
+        release.set()
+        assert [r.status_code for r in await asyncio.gather(*held, other_route)] == [200, 200, 200]
+        assert admission.in_flight == 0
+        again = await client.post("/reply", json={"context": ["hi"]})
+    assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+    assert refused.json()["error"]["kind"] == "overloaded"
+    assert admission.refused == 1 and again.status_code == 200

@@ -102,7 +102,7 @@ async def test_labelled_series_exist_at_zero_before_anything_happens(make_client
         *(("chitchat_answers_total", {"source": s}) for s in ("query_similarity", "reply_matching", "reaction")),
         *(("chitchat_reindex_jobs_total", {"outcome": o}) for o in ("succeeded", "failed")),
         *(("chitchat_redis_errors_total", {"operation": op}) for op in REDIS_OPERATIONS),
-        *(("chitchat_refused_total", {"queue": q}) for q in ("encoder", "search")),
+        *(("chitchat_refused_total", {"queue": q}) for q in ("in_flight", "encoder", "search")),
     ]
     for name, labels in expected:
         assert samples.get((name, tuple(sorted(labels.items())))) == 0.0, (name, labels)
@@ -128,3 +128,20 @@ async def test_a_full_encoder_queue_is_a_429_and_counted(artifacts: Path) -> Non
     assert value(samples, "chitchat_refused_total", queue="search") == 0
     assert value(samples, "chitchat_http_requests_total", route="/reply", method="POST", status="429") == 1
     assert value(samples, "chitchat_http_request_seconds_count", route="/reply", status="429") == 1
+
+
+async def test_past_the_in_flight_limit_a_request_is_a_429_and_counted(artifacts: Path) -> None:
+    app = create_app(settings_for(artifacts))
+    async with app.router.lifespan_context(app):
+        await loaded(app)
+        app.state.admission.max_in_flight = 0
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+            refused = await client.post("/reply", json={"context": ["is anyone there?"]})
+            health = await client.get("/readyz")  # only the encoder's routes are counted
+            samples = await scrape(client)
+    assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+    assert health.status_code == 200
+    assert value(samples, "chitchat_refused_total", queue="in_flight") == 1
+    assert value(samples, "chitchat_refused_total", queue="encoder") == 0
+    assert value(samples, "chitchat_in_flight") == 0
+    assert value(samples, "chitchat_http_requests_total", route="/reply", method="POST", status="429") == 1
