@@ -69,6 +69,11 @@ class Settings(BaseSettings):
     # FAISS hits the poly head rescores; `python -m bench.rerank` measures what the step costs.
     rerank_depth: int = Field(default=50, ge=1, le=200)
 
+    # After SIGTERM the service keeps serving this long with /readyz at 503, so a load
+    # balancer takes it out before the listener closes; then it drains (uvicorn's
+    # --timeout-graceful-shutdown). A container's stop grace period must cover both.
+    shutdown_delay_s: float = Field(default=2.0, ge=0.0, le=60.0)
+
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # One JSON line per request (request id, status, duration, strategy, index version).
     access_log: bool = True

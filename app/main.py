@@ -39,7 +39,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.load_error = None
         loading = asyncio.create_task(_load(app, settings), name="load-bundle-and-index")
         loading.add_done_callback(lambda task: _load_done(app, task))
-        restore = _on_sigterm(lambda: setattr(app.state, "draining", True))
+        restore = _on_sigterm(lambda: setattr(app.state, "draining", True), settings.shutdown_delay_s)
         try:
             # Serving starts now: /healthz and /readyz answer while the bundle and index load.
             yield
@@ -111,16 +111,26 @@ def _load_done(app: FastAPI, task: asyncio.Task[None]) -> None:
     app.state.load_error = f"{type(error).__name__}: {error}"
 
 
-def _on_sigterm(callback: Callable[[], None]) -> Callable[[], None]:
-    """Run `callback` when SIGTERM arrives, before the server's own handler
-    (uvicorn's, which stops accepting and drains). Returns the undo."""
+def _on_sigterm(callback: Callable[[], None], delay_s: float = 0.0) -> Callable[[], None]:
+    """Run `callback` when SIGTERM arrives, and the server's own handler
+    (uvicorn's, which closes the listener and drains) `delay_s` later: until
+    then requests are still served and /readyz says 503, so a load balancer
+    stops sending before connections are refused. Returns the undo."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None  # signal handlers can only be set from the main thread
     previous = signal.getsignal(signal.SIGTERM)
 
     def handler(signum: int, frame: FrameType | None) -> None:
         callback()
-        if callable(previous):
+        if not callable(previous):
+            return
+        if delay_s > 0:
+            log.info("SIGTERM: not ready; the listener closes in %.1f s", delay_s)
+            # uvicorn's handler only sets flags, so it may run on a timer thread.
+            timer = threading.Timer(delay_s, previous, (signum, frame))
+            timer.daemon = True  # an exit by another path need not wait for it
+            timer.start()
+        else:
             previous(signum, frame)
 
     signal.signal(signal.SIGTERM, handler)
