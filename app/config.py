@@ -40,6 +40,8 @@ class Settings(BaseSettings):
 
     # In-process LRU in front of Redis: the hottest chat turns are few.
     cache_local_entries: int = Field(default=20_000, ge=0)
+    # ... and at most this many MiB of vectors (a context's poly vectors are 24 kB).
+    cache_local_mb: int = Field(default=64, ge=1, le=65_536)
     cache_ttl_s: int = Field(default=86_400, ge=1)
 
     # 0 = one thread per core. The encoder runs one batch at a time, so all

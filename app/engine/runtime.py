@@ -188,7 +188,9 @@ def build_runtime(settings: Settings) -> Runtime:
     runtime = Runtime(
         settings=settings,
         kv=kv,
-        cache=EmbeddingCache(kv, settings.cache_local_entries, settings.cache_ttl_s),
+        cache=EmbeddingCache(
+            kv, settings.cache_local_entries, settings.cache_ttl_s, local_bytes=settings.cache_local_mb << 20
+        ),
         sessions=SessionStore(kv, settings.session_max_turns, settings.session_ttl_s),
         pool=ComputePool(settings.max_pending, workers=settings.search_threads),
         encoder_queue=encoder_queue(settings.batch_max_tokens, settings.batch_max_wait_ms, settings.max_pending),

@@ -1,0 +1,42 @@
+"""The in-process embedding LRU: bounded by entries and by bytes, most recent kept."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from app.engine.cache import EmbeddingCache
+from app.engine.kv import open_store
+
+pytestmark = pytest.mark.anyio
+
+CONTEXT = np.zeros(384, dtype=np.float32)  # 1.5 kB
+POLY = np.zeros(16 * 384, dtype=np.float32)  # 24 kB, the m = 16 vectors of one context
+
+
+def cache(entries: int, local_bytes: int) -> EmbeddingCache:
+    return EmbeddingCache(open_store(None, 50, 1.0, 0), entries, 60, local_bytes=local_bytes)
+
+
+async def test_large_vectors_are_bounded_by_bytes_not_by_their_count() -> None:
+    lru = cache(entries=1000, local_bytes=100_000)  # room for 4 poly entries
+    await lru.put_many({f"poly:{i}": POLY for i in range(10)})
+    entries, held = lru.local_size
+    assert entries == 4 and held == 4 * POLY.nbytes <= 100_000
+    found = await lru.get_many([f"poly:{i}" for i in range(10)], POLY.size)
+    assert [v is not None for v in found] == [False] * 6 + [True] * 4  # the newest stay
+
+
+async def test_small_vectors_are_bounded_by_the_entry_count() -> None:
+    lru = cache(entries=3, local_bytes=1 << 30)
+    await lru.put_many({f"ctx:{i}": CONTEXT for i in range(5)})
+    assert lru.local_size == (3, 3 * CONTEXT.nbytes)
+
+
+async def test_a_key_stored_again_is_counted_once_and_becomes_the_newest() -> None:
+    lru = cache(entries=2, local_bytes=1 << 30)
+    await lru.put_many({"a": CONTEXT, "b": CONTEXT})
+    await lru.put_many({"a": CONTEXT})
+    await lru.put_many({"c": CONTEXT})
+    assert lru.local_size == (2, 2 * CONTEXT.nbytes)
+    assert [v is not None for v in await lru.get_many(["a", "b", "c"], CONTEXT.size)] == [True, False, True]
