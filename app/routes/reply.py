@@ -9,7 +9,8 @@ from app.engine.retriever import STRATEGY_ORDER, Scored
 from app.errors import COMMON, ApiError, ErrorKind, responses
 from app.schemas import Candidate, ReplyRequest, ReplyResponse
 
-router = APIRouter(tags=["reply"], responses=responses(*COMMON))
+# not_found: every candidate was excluded (the bot's recent replies in a session, echoes of the user).
+router = APIRouter(tags=["reply"], responses=responses(*COMMON, ErrorKind.not_found))
 
 
 def _candidate(hit: Scored) -> Candidate:
