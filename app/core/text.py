@@ -106,6 +106,11 @@ def script_of(texts: list[str]) -> str | None:
     """The writing system most letters of these texts are in, or None without letters."""
     counts: dict[str, int] = {}
     for text in texts:
+        if text.isascii():  # the common case, counted without a look at each range
+            letters = sum(c.isalpha() for c in text)
+            if letters:
+                counts["Latin"] = counts.get("Latin", 0) + letters
+            continue
         for c in text:
             if not c.isalpha():
                 continue
