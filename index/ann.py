@@ -162,6 +162,13 @@ def configure(index: faiss.Index, report: AnnReport) -> faiss.Index:
     return index
 
 
+def allow_row_lookup(index: faiss.Index) -> None:
+    """An inverted file decodes given rows only with a row -> list map (8 bytes a row)."""
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        ivf.make_direct_map()
+
+
 def vectors_of(index: faiss.Index, rows: np.ndarray | None = None) -> np.ndarray:
     """[R, D] float32 vectors stored in the index (decoded from their codes); all rows when None."""
     if rows is None:

@@ -69,29 +69,49 @@ class KnownVectors:
     """Vectors an earlier version computed with the same bundle, by exact text.
 
     A rebuild encodes only texts it has not seen: a reindex that appends a few
-    candidates, or one that only changes the ANN settings, costs seconds.
+    candidates, or one that only changes the ANN settings, costs seconds. The
+    vectors stay in the earlier version's indexes, at 8 bits, and only the rows
+    reused are decoded: decoding them all first held ~290 MB more at 96k.
     """
 
     reply_rows: dict[str, int]
-    reply_vectors: np.ndarray  # [R', D]
+    replies: faiss.Index | None  # the earlier version's reply index
     query_rows: dict[str, int]
-    query_vectors: np.ndarray  # [Q', D]
+    queries: faiss.Index | None  # ... and its query index
 
     @classmethod
     def load(cls, store: IndexStore, version: str) -> KnownVectors:
         t = store.tables(version)
-        replies, queries = store.vectors(version)
+        replies, queries = store.indexes(version)
         return cls(
             reply_rows={text: i for i, text in enumerate(t.reply_texts)},
-            reply_vectors=replies,
+            replies=replies,
             query_rows={text: i for i, text in enumerate(t.query_texts)},
-            query_vectors=queries,
+            queries=queries,
         )
 
     @classmethod
-    def empty(cls, dim: int) -> KnownVectors:
-        none = np.empty((0, dim), dtype=np.float32)
-        return cls({}, none, {}, none)
+    def empty(cls) -> KnownVectors:
+        return cls({}, None, {}, None)
+
+
+DECODE_CHUNK = 8192  # rows decoded from an earlier index at a time: ~12 MB of fp32 at D = 384
+
+
+def _gather(
+    wanted: list[str], known: dict[str, int], old: faiss.Index | None, fresh_rows: dict[str, int], fresh: np.ndarray
+) -> np.ndarray:
+    """[N, D] the vector of each wanted text: from the earlier index where it had it, else freshly encoded."""
+    out = np.empty((len(wanted), fresh.shape[1]), dtype=np.float32)  # [N, D]
+    reused = [(i, known[text]) for i, text in enumerate(wanted) if text in known]  # (row here, row there)
+    for start in range(0, len(reused), DECODE_CHUNK):
+        here, there = zip(*reused[start : start + DECODE_CHUNK], strict=True)
+        assert old is not None
+        out[list(here)] = ann.vectors_of(old, np.array(there))  # [C, D]
+    for i, text in enumerate(wanted):
+        if text not in known:
+            out[i] = fresh[fresh_rows[text]]
+    return out
 
 
 def encode_all(
@@ -103,7 +123,7 @@ def encode_all(
     on_fraction: Callable[[float], None] = lambda fraction: None,
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Returns (reply vectors [R, D], query vectors [Q, D], texts encoded)."""
-    known = known or KnownVectors.empty(encoder.dim)
+    known = known or KnownVectors.empty()
     missing = [x for x in t.reply_texts if x not in known.reply_rows]
     missing += [x for x in t.query_texts if x not in known.query_rows]
     texts = list(dict.fromkeys(missing))
@@ -118,15 +138,8 @@ def encode_all(
         bar.update(len(rows))
         on_fraction(min(1.0, (start + chunk) / len(texts)))
     bar.close()
-
-    def gather(wanted: list[str], rows: dict[str, int], old: np.ndarray, fresh: np.ndarray) -> np.ndarray:
-        out = np.empty((len(wanted), encoder.dim), dtype=np.float32)  # [N, D]
-        for i, text in enumerate(wanted):
-            out[i] = old[rows[text]] if text in rows else fresh[row[text]]
-        return out
-
-    reply_vectors = gather(t.reply_texts, known.reply_rows, known.reply_vectors, reply)  # [R, D]
-    query_vectors = gather(t.query_texts, known.query_rows, known.query_vectors, context)  # [Q, D]
+    reply_vectors = _gather(t.reply_texts, known.reply_rows, known.replies, row, reply)  # [R, D]
+    query_vectors = _gather(t.query_texts, known.query_rows, known.queries, row, context)  # [Q, D]
     return reply_vectors, query_vectors, len(texts)
 
 
@@ -188,6 +201,7 @@ def build_version(
     reply_vectors, query_vectors, encoded = encode_all(
         encoder, t, known, progress=progress, on_fraction=lambda f: on_progress("encode", f)
     )
+    del known  # the earlier version's indexes: not needed while the new ones are built
     on_progress("index", 0.0)
     # Replies are searched with context vectors: the stored queries' (context side) are the
     # nearest thing to real ones to check the graph's recall with.

@@ -225,12 +225,14 @@ class IndexStore:
         with gzip.open(self.path(version) / TABLES, "rt", encoding="utf-8") as f:
             return Tables(**json.load(f))
 
-    def vectors(self, version: str) -> tuple[np.ndarray, np.ndarray]:
-        """([R, D] reply vectors, [Q, D] query vectors) of a version, decoded from its indexes."""
+    def indexes(self, version: str) -> tuple[faiss.Index, faiss.Index]:
+        """(reply index, query index) of a version, ready for `ann.vectors_of` on any rows."""
         directory = self.path(version)
         replies = faiss.read_index(str(directory / REPLY_INDEX))
         queries = faiss.read_index(str(directory / QUERY_INDEX))
-        return ann.vectors_of(replies), ann.vectors_of(queries)
+        for index in (replies, queries):
+            ann.allow_row_lookup(index)
+        return replies, queries
 
     def load(self, version: str) -> IndexVersion:
         directory = self.path(version)

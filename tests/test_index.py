@@ -138,3 +138,19 @@ def test_candidate_records_keep_the_most_frequent_reply_per_query() -> None:
     records = candidate_records(pairs)
     assert [(r.query, r.reply) for r in records if r.query] == [("hi", "hey you")]
     assert [r.reply for r in records if r.query is None] == ["hello"]
+
+
+@pytest.mark.parametrize("structure", ["graph", "inverted"])
+def test_a_rebuild_reuses_the_earlier_indexes_rows_and_encodes_only_new_texts(structure: str) -> None:
+    from index.build import _gather
+
+    vectors = sentence_like(3000, dim=64)  # [N, D]
+    earlier = ann.hnsw_sq8(vectors, m=16) if structure == "graph" else ann.ivf_sq8(vectors)
+    ann.allow_row_lookup(earlier)
+    decoded = ann.vectors_of(earlier)  # [N, D] every row, the way a full decode reads them
+    known = {f"text {i}": i for i in range(len(vectors))}
+    fresh = sentence_like(2, dim=64, seed=1)  # [2, D] the two texts the earlier version lacks
+    wanted = ["new a", "text 2999", "text 0", "new b", "text 1234"]
+    out = _gather(wanted, known, earlier, {"new a": 0, "new b": 1}, fresh)  # [5, D]
+    np.testing.assert_array_equal(out[[1, 2, 4]], decoded[[2999, 0, 1234]])
+    np.testing.assert_array_equal(out[[0, 3]], fresh)
