@@ -9,6 +9,8 @@ built and validated; a failed job changes nothing that serves.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import gc
 import logging
 import os
 import shutil
@@ -90,6 +92,7 @@ class Reindexer:
             # the job finished, its next upload must not get 409.
             self.lock.release(job.token)
             self.jobs.save(job)
+            _return_freed_memory()
 
     def _renew(self, token: str, stop: threading.Event) -> None:
         while not stop.wait(5):
@@ -163,6 +166,15 @@ class Reindexer:
             return serving.index_version, target
         finally:
             self.lock.release(token)
+
+
+def _return_freed_memory() -> None:
+    """A build allocates and frees hundreds of MB (vectors, graphs, the records). glibc keeps
+    freed heap for reuse, so without this the process stays that much larger after every
+    reindex: +48% RSS over chaos scenario 15's soak. malloc_trim hands it back to the OS."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def same_model_versions(runtime: Runtime, serving: Serving) -> list[str]:
