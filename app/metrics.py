@@ -62,6 +62,9 @@ class EngineCollector(Collector):
         )
         yield CounterMetricFamily("chitchat_cache_hits", "Embedding cache hits", value=runtime.cache.hits)
         yield CounterMetricFamily("chitchat_cache_misses", "Embedding cache misses", value=runtime.cache.misses)
+        yield GaugeMetricFamily(
+            "chitchat_cache_local_bytes", "Bytes of vectors in the in-process cache", value=runtime.cache.local_size[1]
+        )
         kv = runtime.kv
         redis_up = GaugeMetricFamily("chitchat_redis_up", "1 up, 0 bypassed after a failure, -1 not configured")
         redis_up.add_metric([], {"up": 1, "down": 0, "disabled": -1}[kv.status])

@@ -48,6 +48,7 @@ async def test_requests_answers_cache_and_encoder_are_counted(make_client: AppFa
     answered = sum(v for (name, _), v in samples.items() if name == "chitchat_answers_total")
     assert answered == 3
     assert value(samples, "chitchat_cache_hits_total") >= 1 and value(samples, "chitchat_cache_misses_total") >= 2
+    assert value(samples, "chitchat_cache_local_bytes") > 0  # the vectors the two fresh contexts left behind
     assert value(samples, "chitchat_encoder_batch_requests_count") == 2  # the repeat never reached the encoder
     assert value(samples, "chitchat_encoder_queue_depth") == 0
     served = [labels for (name, labels) in samples if name == "chitchat_serving_info"]
