@@ -206,6 +206,8 @@ def build_version(
     # Replies are searched with context vectors: the stored queries' (context side) are the
     # nearest thing to real ones to check the graph's recall with.
     reply_index, reply_report = ann.build(reply_vectors, "graph", probes=query_vectors)
+    checks = {"reply_self_retrieval": self_retrieval(reply_index, reply_vectors)}
+    del reply_vectors  # in the index now, at 8 bits: not held while the query index is built
     query_index, query_report = (
         ann.build(query_vectors, "inverted")
         if len(query_vectors)
@@ -213,7 +215,6 @@ def build_version(
     )
 
     on_progress("validate", 0.0)
-    checks = {"reply_self_retrieval": self_retrieval(reply_index, reply_vectors)}
     if len(query_vectors):
         checks["query_self_retrieval"] = self_retrieval(query_index, query_vectors)
     failed = {k: v for k, v in checks.items() if v < MIN_SELF_RETRIEVAL}
