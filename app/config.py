@@ -54,7 +54,8 @@ class Settings(BaseSettings):
     # Requests waiting for the encoder (or for a search) beyond this get 429 rather than a long queue.
     max_pending: int = Field(default=64, ge=1)
     # Requests on /reply and /similar at once, beyond which a new one gets 429 before its
-    # body is read. Above max_pending, so a burst the queue can hold is not refused.
+    # body is read. Each sends one job to the encoder queue, so at max_pending the queue's
+    # own refusal, which comes only after the body is parsed, is left as a backstop.
     max_in_flight: int = Field(default=64, ge=1)
     # Encoder batches: at most this many tokens, and an idle server waits at most
     # this long for other requests to join (`bench.load` measures the trade).

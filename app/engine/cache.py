@@ -25,8 +25,7 @@ class EmbeddingCache:
         self.lowercase = lowercase  # the served model's tokenizer lower-cases (`Encoder.lowercases`)
         self.local_entries = local_entries
         # Entries differ 16-fold in size (a context vector: 1.5 kB; its poly vectors, m = 16: 24 kB),
-        # so a count alone does not bound memory: 20,000 entries of unique contexts grew the
-        # process by 100 MB in chaos scenario 6.
+        # so a count alone does not bound memory: 20,000 entries could hold about 490 MB.
         self.local_bytes = local_bytes
         self.ttl_s = ttl_s
         self._local: OrderedDict[str, np.ndarray] = OrderedDict()

@@ -171,7 +171,7 @@ class Reindexer:
 def _return_freed_memory() -> None:
     """A build allocates and frees hundreds of MB (vectors, graphs, the records). glibc keeps
     freed heap for reuse, so without this the process stays that much larger after every
-    reindex: +48% RSS over chaos scenario 15's soak. malloc_trim hands it back to the OS."""
+    reindex. malloc_trim hands it back to the OS."""
     gc.collect()
     with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
         ctypes.CDLL("libc.so.6").malloc_trim(0)
