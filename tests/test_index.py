@@ -141,7 +141,7 @@ def test_candidate_records_keep_the_most_frequent_reply_per_query() -> None:
 
 
 @pytest.mark.parametrize("structure", ["graph", "inverted"])
-def test_a_rebuild_reuses_the_earlier_indexes_rows_and_encodes_only_new_texts(structure: str) -> None:
+def test_a_rebuild_takes_known_texts_from_the_earlier_index_and_new_ones_from_the_encoder(structure: str) -> None:
     from index.build import _gather
 
     vectors = sentence_like(3000, dim=64)  # [N, D]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -139,6 +140,11 @@ async def test_a_body_that_cannot_be_parsed_names_the_body(client: httpx.AsyncCl
     assert response.json()["error"]["details"] == [{"field": "body", "message": response.json()["error"]["message"]}]
 
 
+async def until(condition: Callable[[], bool]) -> None:
+    while not condition():
+        await asyncio.sleep(0.001)
+
+
 async def test_past_the_in_flight_limit_a_request_is_refused_before_its_body_is_read() -> None:
     from app.limits import Admission, AdmissionLimit
 
@@ -158,12 +164,10 @@ async def test_past_the_in_flight_limit_a_request_is_refused_before_its_body_is_
     transport = httpx.ASGITransport(app=limited)
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
         held = [asyncio.create_task(client.post("/reply", json={"context": ["hi"]})) for _ in range(2)]
-        while reached < 2:
-            await asyncio.sleep(0.001)
+        await asyncio.wait_for(until(lambda: reached == 2), timeout=10)
         refused = await client.post("/reply", json={"context": ["hi"]})
         other_route = asyncio.create_task(client.post("/admin/index", json={}))  # not counted, so not refused
-        await asyncio.sleep(0.01)
-        assert reached == 3
+        await asyncio.wait_for(until(lambda: reached == 3), timeout=10)
         release.set()
         assert [r.status_code for r in await asyncio.gather(*held, other_route)] == [200, 200, 200]
         assert admission.in_flight == 0
