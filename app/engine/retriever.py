@@ -147,16 +147,14 @@ def _distinct(hits: list[Scored], k: int, avoid: Avoid) -> list[Scored]:
 OVERFETCH = 8
 
 
-def query_similarity(
-    serving: Serving, query_vector: np.ndarray, k: int, avoid: Avoid, text: str | None = None
-) -> list[Scored]:
+def query_similarity(serving: Serving, query_vector: np.ndarray, k: int, avoid: Avoid, text: str) -> list[Scored]:
     """Stored queries nearest to the last utterance -> the replies paired with them.
 
     `text`, the last utterance itself: a stored query equal to it once
     normalised comes first with score 1.0, the cosine of identical inputs,
     which the 8-bit codes would blur to about 0.997."""
     index = serving.index
-    exact = index.query_rows_by_text.get(normalize(text), []) if text is not None else []
+    exact = index.query_rows_by_text.get(normalize(text), [])
     # Several stored queries can share a reply, and blocked replies are
     # dropped afterwards, so over-fetch.
     scores, rows = _search(index.query_index, query_vector, 2 * k + len(avoid) + OVERFETCH)
