@@ -29,7 +29,7 @@ from app.core.encoder import Encoder
 from app.core.text import normalize
 from index import ann
 from index.records import Candidate
-from index.store import IndexManifest, IndexStore, Tables
+from index.store import QUERY_INDEX, REACTION_INDEX, REPLY_INDEX, IndexManifest, IndexStore, Tables
 
 SELF_RETRIEVAL_SAMPLE = 200
 # A stored reply must find itself. A broken index (misaligned rows, wrong
@@ -70,29 +70,34 @@ class KnownVectors:
 
     A rebuild encodes only texts it has not seen: a reindex that appends a few
     candidates, or one that only changes the ANN settings, costs seconds. The
-    vectors stay in the earlier version's indexes, at 8 bits, and only the rows
-    reused are decoded: decoding them all first held ~290 MB more at 96k.
+    vectors stay in the earlier version's indexes, at 8 bits; each index is read
+    only while its side is gathered, and only the rows reused are decoded.
     """
 
     reply_rows: dict[str, int]
-    replies: faiss.Index | None  # the earlier version's reply index
     query_rows: dict[str, int]
-    queries: faiss.Index | None  # ... and its query index
+    store: IndexStore | None = None
+    version: str | None = None
 
     @classmethod
     def load(cls, store: IndexStore, version: str) -> KnownVectors:
         t = store.tables(version)
-        replies, queries = store.indexes(version)
         return cls(
             reply_rows={text: i for i, text in enumerate(t.reply_texts)},
-            replies=replies,
             query_rows={text: i for i, text in enumerate(t.query_texts)},
-            queries=queries,
+            store=store,
+            version=version,
         )
 
     @classmethod
     def empty(cls) -> KnownVectors:
-        return cls({}, None, {}, None)
+        return cls({}, {})
+
+    def index(self, name: str) -> faiss.Index | None:
+        """The earlier version's REPLY_INDEX or QUERY_INDEX; None when there is none."""
+        if self.store is None or self.version is None:
+            return None
+        return self.store.stored_index(self.version, name)
 
 
 DECODE_CHUNK = 8192  # rows decoded from an earlier index at a time: ~12 MB of fp32 at D = 384
@@ -114,20 +119,26 @@ def _gather(
     return out
 
 
-def encode_all(
+@dataclass
+class Encoded:
+    """The texts no earlier version had, each encoded once, on both sides."""
+
+    rows: dict[str, int]  # text -> its row in both arrays
+    context: np.ndarray  # [U, D] as a stored query (the context side)
+    reply: np.ndarray  # [U, D] as a stored reply
+
+
+def encode_missing(
     encoder: Encoder,
     t: Tables,
-    known: KnownVectors | None = None,
+    known: KnownVectors,
     chunk: int = 1024,
     progress: bool = True,
     on_fraction: Callable[[float], None] = lambda fraction: None,
-) -> tuple[np.ndarray, np.ndarray, int]:
-    """Returns (reply vectors [R, D], query vectors [Q, D], texts encoded)."""
-    known = known or KnownVectors.empty()
+) -> Encoded:
     missing = [x for x in t.reply_texts if x not in known.reply_rows]
     missing += [x for x in t.query_texts if x not in known.query_rows]
     texts = list(dict.fromkeys(missing))
-    row = {text: i for i, text in enumerate(texts)}
     context = np.empty((len(texts), encoder.dim), dtype=np.float32)  # [U, D]
     reply = np.empty_like(context)  # [U, D]
     order = np.argsort([len(x) for x in texts], kind="stable")
@@ -138,9 +149,7 @@ def encode_all(
         bar.update(len(rows))
         on_fraction(min(1.0, (start + chunk) / len(texts)))
     bar.close()
-    reply_vectors = _gather(t.reply_texts, known.reply_rows, known.replies, row, reply)  # [R, D]
-    query_vectors = _gather(t.query_texts, known.query_rows, known.queries, row, context)  # [Q, D]
-    return reply_vectors, query_vectors, len(texts)
+    return Encoded({text: i for i, text in enumerate(texts)}, context, reply)
 
 
 def self_retrieval(index: faiss.Index, vectors: np.ndarray, seed: int = 0) -> float:
@@ -197,34 +206,84 @@ def build_version(
         raise ValueError("no candidates with a reply")
     on_progress("encode", 0.0)
     previous = store.latest_for(bundle_checksum) if reuse else None
-    known = KnownVectors.load(store, previous) if previous else None
-    reply_vectors, query_vectors, encoded = encode_all(
-        encoder, t, known, progress=progress, on_fraction=lambda f: on_progress("encode", f)
-    )
-    del known  # the earlier version's indexes: not needed while the new ones are built
+    known = KnownVectors.load(store, previous) if previous else KnownVectors.empty()
+    fresh = encode_missing(encoder, t, known, progress=progress, on_fraction=lambda f: on_progress("encode", f))
+    staging = store.stage()
+    try:
+        return _index_and_commit(
+            t,
+            candidates,
+            known,
+            fresh,
+            encoder,
+            store,
+            staging,
+            bundle_checksum=bundle_checksum,
+            source=source,
+            started=started,
+            on_progress=on_progress,
+        )
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _index_and_commit(
+    t: Tables,
+    candidates: Sequence[Candidate],
+    known: KnownVectors,
+    fresh: Encoded,
+    encoder: Encoder,
+    store: IndexStore,
+    staging: Path,
+    *,
+    bundle_checksum: str,
+    source: str,
+    started: float,
+    on_progress: Callable[[str, float], None],
+) -> IndexManifest:
+    """One side at a time: its fp32 vectors are gathered, indexed, checked and written to the staging
+    directory, and dropped with its index before the other side's are gathered. Holding both sides
+    at once, with both earlier indexes, was a reindex's peak: ~500 MB above the serving process at 96k."""
     on_progress("index", 0.0)
     # Replies are searched with context vectors: the stored queries' (context side) are the
-    # nearest thing to real ones to check the graph's recall with.
-    reply_index, reply_report = ann.build(reply_vectors, "graph", probes=query_vectors)
+    # nearest thing to real ones to check the graph's recall with. Sampled as ann.build would.
+    sample = np.random.default_rng(0).choice(
+        len(t.query_texts), size=min(len(t.query_texts), ann.CHECK_QUERIES), replace=False
+    )
+    probes = _gather(  # [P, D]
+        [t.query_texts[i] for i in sample], known.query_rows, known.index(QUERY_INDEX), fresh.rows, fresh.context
+    )
+    reply_vectors = _gather(t.reply_texts, known.reply_rows, known.index(REPLY_INDEX), fresh.rows, fresh.reply)
+    fresh.reply = np.empty((0, encoder.dim), np.float32)  # its rows are in reply_vectors [R, D] now
+    reply_index, reply_report = ann.build(reply_vectors, "graph", probes=probes)
     checks = {"reply_self_retrieval": self_retrieval(reply_index, reply_vectors)}
-    del reply_vectors  # in the index now, at 8 bits: not held while the query index is built
+    if reply_index.d != encoder.dim or reply_index.ntotal != len(t.reply_texts):
+        raise RuntimeError(f"index validation failed: dim {reply_index.d}, rows {reply_index.ntotal}")
+    store.write_index(staging, REPLY_INDEX, reply_index)
+    del reply_vectors, reply_index
+
+    query_vectors = _gather(t.query_texts, known.query_rows, known.index(QUERY_INDEX), fresh.rows, fresh.context)
+    fresh.context = np.empty((0, encoder.dim), np.float32)  # in query_vectors [Q, D] now
     query_index, query_report = (
         ann.build(query_vectors, "inverted")
         if len(query_vectors)
         else (ann.exact(query_vectors), ann.AnnReport("flat", 0, 1.0))
     )
-
     on_progress("validate", 0.0)
     if len(query_vectors):
         checks["query_self_retrieval"] = self_retrieval(query_index, query_vectors)
     failed = {k: v for k, v in checks.items() if v < MIN_SELF_RETRIEVAL}
-    if failed or reply_index.d != encoder.dim or reply_index.ntotal != len(t.reply_texts):
-        raise RuntimeError(f"index validation failed: {checks}, dim {reply_index.d}, rows {reply_index.ntotal}")
-
+    if failed:
+        raise RuntimeError(f"index validation failed: {checks}")
     profile = {f"query_neighbour_{k}": v for k, v in neighbour_profile(query_index, query_vectors).items()}
-    reaction_index = ann.exact(encoder.encode(t.reaction_texts, "reply")) if t.reaction_texts else None
+    store.write_index(staging, QUERY_INDEX, query_index)
+    del query_vectors, query_index
 
     on_progress("commit", 0.0)
+    if t.reaction_texts:
+        store.write_index(staging, REACTION_INDEX, ann.exact(encoder.encode(t.reaction_texts, "reply")))
+    store.write_texts(staging, candidates, t)
     created = datetime.now(UTC)
     digest = hashlib.sha1("\n".join(t.reply_ids).encode() + bundle_checksum.encode()).hexdigest()[:6]
     manifest = IndexManifest(
@@ -239,16 +298,10 @@ def build_version(
         build_seconds=round(time.perf_counter() - started, 2),
         ann={"replies": reply_report.to_dict(), "queries": query_report.to_dict()},
         checks=checks,
-        encoded=encoded,
+        encoded=len(fresh.rows),
         profile=profile,
     )
-    staging = store.stage()
-    try:
-        store.write(staging, candidates, t, reply_index, query_index, reaction_index)
-        store.commit(staging, manifest)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    store.commit(staging, manifest)
     return manifest
 
 

@@ -186,20 +186,12 @@ class IndexStore:
                     removed.append(p.name)
         return removed
 
-    def write(
-        self,
-        staging: Path,
-        records: Sequence[Candidate],
-        tables: Tables,
-        reply_index: faiss.Index,
-        query_index: faiss.Index,
-        reaction_index: faiss.Index | None = None,
-    ) -> None:
-        """A version's files, into a staging directory (`commit` adds the manifest and moves it into place)."""
-        faiss.write_index(reply_index, str(staging / REPLY_INDEX))
-        faiss.write_index(query_index, str(staging / QUERY_INDEX))
-        if reaction_index is not None:
-            faiss.write_index(reaction_index, str(staging / REACTION_INDEX))
+    def write_index(self, staging: Path, name: str, index: faiss.Index) -> None:
+        """One of a version's indexes (REPLY_INDEX, QUERY_INDEX, REACTION_INDEX), into a staging directory."""
+        faiss.write_index(index, str(staging / name))
+
+    def write_texts(self, staging: Path, records: Sequence[Candidate], tables: Tables) -> None:
+        """A version's texts, into a staging directory (`commit` adds the manifest and moves it into place)."""
         with gzip.open(staging / TABLES, "wt", encoding="utf-8", compresslevel=6) as f:
             json.dump(asdict(tables), f, ensure_ascii=False)
         with gzip.open(staging / RECORDS, "wt", encoding="utf-8", compresslevel=6) as f:
@@ -225,14 +217,11 @@ class IndexStore:
         with gzip.open(self.path(version) / TABLES, "rt", encoding="utf-8") as f:
             return Tables(**json.load(f))
 
-    def indexes(self, version: str) -> tuple[faiss.Index, faiss.Index]:
-        """(reply index, query index) of a version, ready for `ann.vectors_of` on any rows."""
-        directory = self.path(version)
-        replies = faiss.read_index(str(directory / REPLY_INDEX))
-        queries = faiss.read_index(str(directory / QUERY_INDEX))
-        for index in (replies, queries):
-            ann.allow_row_lookup(index)
-        return replies, queries
+    def stored_index(self, version: str, name: str) -> faiss.Index:
+        """One of a version's indexes (REPLY_INDEX or QUERY_INDEX), ready for `ann.vectors_of` on any rows."""
+        index = faiss.read_index(str(self.path(version) / name))
+        ann.allow_row_lookup(index)
+        return index
 
     def load(self, version: str) -> IndexVersion:
         directory = self.path(version)

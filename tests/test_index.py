@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -101,6 +102,34 @@ def test_a_version_is_committed_whole_and_the_pointer_moves_only_when_asked(arti
     with pytest.raises(ValueError):
         build_version([], encoder, bundle.checksum, store, "t", progress=False)
     assert not [p for p in (tmp_path / "indexes").iterdir() if p.name.startswith(".staging")]
+
+
+def test_a_build_holds_one_side_of_fp32_vectors_at_a_time(
+    artifacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both sides' fp32 vectors alive at once were a reindex's peak: ~300 MB at 96k candidates."""
+    import index.build
+
+    sides: list[weakref.ref[np.ndarray]] = []  # each whole side's gathered vectors, while alive
+    alive_at_gather: list[int] = []
+    gather = index.build._gather
+
+    def watched(wanted: list[str], *args: object) -> np.ndarray:
+        alive_at_gather.append(sum(ref() is not None for ref in sides))
+        out = gather(wanted, *args)  # type: ignore[arg-type]
+        if len(wanted) > ann.CHECK_QUERIES:  # a whole side, not the recall check's sample of probes
+            sides.append(weakref.ref(out))
+        return out
+
+    monkeypatch.setattr(index.build, "_gather", watched)
+    bundle_dir = artifacts / "bundles" / "tiny-int8"
+    bundle = read_manifest(bundle_dir)
+    candidates = [Candidate(reply=f"reply number {i}", query=f"query number {i}?") for i in range(600)]
+    manifest = build_version(
+        candidates, Encoder(bundle_dir, bundle), bundle.checksum, IndexStore(tmp_path), "t", progress=False
+    )
+    assert manifest.replies == manifest.queries == 600
+    assert len(sides) == 2 and max(alive_at_gather) == 0
 
 
 def test_corpus_turns_pairs_and_split(tmp_path: Path) -> None:
