@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import pytest
 
@@ -40,3 +42,15 @@ async def test_a_key_stored_again_is_counted_once_and_becomes_the_newest() -> No
     await lru.put_many({"c": CONTEXT})
     assert lru.local_size == (2, 2 * CONTEXT.nbytes)
     assert [v is not None for v in await lru.get_many(["a", "b", "c"], CONTEXT.size)] == [True, False, True]
+
+
+async def test_a_cached_row_does_not_keep_its_whole_batch_alive() -> None:
+    """The encoder hands each request views into its batch's output ([R, m, D] for poly vectors):
+    an entry that kept its view would hold the whole batch, beyond what the byte bound counts."""
+    batch = np.zeros((64, 16 * 384), dtype=np.float32)  # [R, m * D]: 1.5 MB
+    batch_alive = weakref.ref(batch)
+    lru = cache(entries=1000, local_bytes=1 << 30)
+    await lru.put_many({"poly:0": batch[3]})
+    del batch
+    assert batch_alive() is None
+    assert lru.local_size == (1, POLY.nbytes)

@@ -68,7 +68,9 @@ class EmbeddingCache:
             return
         previous = self._local.pop(key, None)
         self._held -= previous.nbytes if previous is not None else 0
-        self._local[key] = vector
+        # A copy: the encoder's vectors are views into their whole batch's output (a poly
+        # batch is up to ~1.5 MB), which a view would keep alive beyond what `_held` counts.
+        self._local[key] = vector = np.array(vector, dtype=np.float32)
         self._held += vector.nbytes
         while len(self._local) > self.local_entries or (self._held > self.local_bytes and len(self._local) > 1):
             _, evicted = self._local.popitem(last=False)
