@@ -142,6 +142,13 @@ class Service:
         fds = len(os.listdir(f"/proc/{self.process.pid}/fd"))
         return {"rss_kb": int(fields["VmRSS"].split()[0]), "threads": int(fields["Threads"]), "fds": fds}
 
+    def cache_kb(self) -> int:
+        """The in-process embedding cache, in kB, from the service's metrics."""
+        for line in httpx.get(f"{self.url}/metrics", timeout=10).text.splitlines():
+            if line.startswith("chitchat_cache_local_bytes "):
+                return int(float(line.split()[1]) / 1024)
+        raise RuntimeError("no chitchat_cache_local_bytes in /metrics")
+
     def admin(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         headers = {"authorization": f"Bearer {TOKEN}", **kwargs.pop("headers", {})}
         return httpx.request(method, f"{self.url}{path}", headers=headers, timeout=60, **kwargs)
@@ -192,6 +199,13 @@ def traffic(url: str, out: Path, **options: Any) -> subprocess.Popen[bytes]:
     for key, value in options.items():
         flag = "--" + key.replace("_", "-")
         command += [flag, *(str(v) for v in value)] if isinstance(value, list | tuple) else [flag, str(value)]
+    return subprocess.Popen(command, cwd=ROOT)
+
+
+def flood(url: str, out: Path, seconds: float, connections: int) -> subprocess.Popen[bytes]:
+    """`bench.chaos.flood`: many connections on a client that times the server, not itself."""
+    command = [sys.executable, "-m", "bench.chaos.flood", "--url", url, "--out", str(out)]
+    command += ["--seconds", str(seconds), "--connections", str(connections)]
     return subprocess.Popen(command, cwd=ROOT)
 
 

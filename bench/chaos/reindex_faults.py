@@ -10,8 +10,6 @@ import threading
 import time
 from typing import Any
 
-import httpx
-
 from bench.chaos.context import Context
 from bench.chaos.harness import Service, rows, summary, traffic, wait_for
 from index.store import IndexStore
@@ -196,14 +194,6 @@ def two_at_once(ctx: Context) -> dict[str, Any]:
     return {**figures, "pass": passed}
 
 
-def cache_kb(service: Service) -> int:
-    """The service's in-process embedding cache, in kB, from its metrics."""
-    for line in httpx.get(f"{service.url}/metrics", timeout=10).text.splitlines():
-        if line.startswith("chitchat_cache_local_bytes "):
-            return int(float(line.split()[1]) / 1024)
-    raise RuntimeError("no chitchat_cache_local_bytes in /metrics")
-
-
 def soak(ctx: Context) -> dict[str, Any]:
     """~20 rps with a reindex every `soak_reindex_every` s. Memory is compared between quiet moments, a few
     seconds after each reindex is done: during a build RSS holds its working set, which is not growth."""
@@ -220,7 +210,7 @@ def soak(ctx: Context) -> dict[str, Any]:
         jobs: list[dict[str, Any]] = []
 
         def reading() -> dict[str, int]:
-            return {**service.status(), "redis_clients": redis.clients(), "cache_kb": cache_kb(service)}
+            return {**service.status(), "redis_clients": redis.clients(), "cache_kb": service.cache_kb()}
 
         time.sleep(min(5.0, every / 4))
         settled.append(reading())  # warm, before any reindex
