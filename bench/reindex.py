@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import shutil
 import subprocess
@@ -85,11 +86,13 @@ async def measure(url: str, records: list[dict[str, Any]], steady_s: float, idle
         response = await admin.post("/admin/candidates?mode=replace", json=records, headers=headers)
         response.raise_for_status()
         job_id = response.json()["job_id"]
+        stages: dict[str, float] = {"upload": 0.0}  # stage -> when it was first seen
         while True:
             job = (await admin.get(f"/admin/jobs/{job_id}", headers=headers)).json()
+            stages.setdefault(job["stage"], time.perf_counter() - started)
             if job["state"] in ("succeeded", "failed"):
                 break
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.25)
         wall = time.perf_counter() - started
     stop.set()
     during, errors, versions = await during_task
@@ -100,6 +103,7 @@ async def measure(url: str, records: list[dict[str, Any]], steady_s: float, idle
         "versions": versions,
         "job": job,
         "wall_s": wall,
+        "stages": stages,
     }
 
 
@@ -154,6 +158,9 @@ def main() -> None:
         shutil.rmtree(root, ignore_errors=True)
 
     job = result["job"]
+    marks = [*sorted(result["stages"].items(), key=lambda kv: kv[1]), ("end", result["wall_s"])]
+    timeline = ", ".join(f"{stage} {later - at:.1f} s" for (stage, at), (_, later) in itertools.pairwise(marks))
+    print(f"stages (as polled every 0.25 s): {timeline}")
     steady_p50, steady_p99 = np.percentile(result["steady"], [50, 99])
     during_p50, during_p99 = np.percentile(result["during"], [50, 99]) if len(result["during"]) > 1 else (0.0, 0.0)
     print(f"job {job['state']}: {job['counts']} error={job['error']}")
