@@ -44,10 +44,11 @@ class AdmissionLimit:
     same event loop, is what delays every answer, refusals included (text-
     embeddings-inference's `max_concurrent_requests` is the same check)."""
 
-    def __init__(self, app: ASGIApp, admission: Admission, paths: frozenset[str]) -> None:
+    def __init__(self, app: ASGIApp, admission: Admission, paths: frozenset[str], max_drain_bytes: int) -> None:
         self.app = app
         self.admission = admission
         self.paths = paths
+        self.max_drain_bytes = max_drain_bytes  # the body size limit: past it, the connection closes instead
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] not in self.paths:
@@ -56,11 +57,17 @@ class AdmissionLimit:
         admission = self.admission
         if admission.in_flight >= admission.max_in_flight:
             admission.refused += 1
-            # Read what was sent, unparsed, so the connection stays usable for the retry.
-            while (message := await receive())["type"] == "http.request" and message.get("more_body", False):
-                pass
+            # Read what was sent, unparsed, so the connection stays usable for the retry; but no
+            # more than a body may hold, or an overloaded server would read a huge upload whole.
+            drained, complete = 0, False
+            while drained <= self.max_drain_bytes:
+                message = await receive()
+                drained += len(message.get("body", b""))
+                if message["type"] != "http.request" or not message.get("more_body", False):
+                    complete = True
+                    break
             error = ApiError(ErrorKind.overloaded, f"{admission.in_flight} requests already in flight; retry shortly")
-            await _send_error(send, error, [(b"retry-after", b"1")])
+            await _send_error(send, error, [(b"retry-after", b"1")] + ([] if complete else [(b"connection", b"close")]))
             return
         admission.in_flight += 1
         try:

@@ -75,7 +75,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_bytes=settings.max_body_bytes,
         per_path={p: settings.admin_max_body_bytes for p in ("/admin/candidates", "/admin/candidates/delete")},
     )
-    app.add_middleware(AdmissionLimit, admission=app.state.admission, paths=ENCODER_ROUTES)
+    app.add_middleware(
+        AdmissionLimit, admission=app.state.admission, paths=ENCODER_ROUTES, max_drain_bytes=settings.max_body_bytes
+    )
     # Outermost: it logs and counts 413s and 429s too.
     app.add_middleware(
         logs.RequestLog,

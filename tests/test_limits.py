@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -160,7 +160,7 @@ async def test_past_the_in_flight_limit_a_request_is_refused_before_its_body_is_
         await send({"type": "http.response.body", "body": b"ok"})
 
     admission = Admission(max_in_flight=2)
-    limited = AdmissionLimit(slow, admission, paths=frozenset({"/reply"}))
+    limited = AdmissionLimit(slow, admission, paths=frozenset({"/reply"}), max_drain_bytes=1 << 20)
     transport = httpx.ASGITransport(app=limited)
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
         held = [asyncio.create_task(client.post("/reply", json={"context": ["hi"]})) for _ in range(2)]
@@ -175,3 +175,25 @@ async def test_past_the_in_flight_limit_a_request_is_refused_before_its_body_is_
     assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
     assert refused.json()["error"]["kind"] == "overloaded"
     assert admission.refused == 1 and again.status_code == 200
+
+
+async def test_a_refused_request_is_drained_no_further_than_the_body_limit() -> None:
+    """An overloaded server must not read a huge upload whole just to refuse it."""
+    from app.limits import Admission, AdmissionLimit
+
+    async def never(scope: Any, receive: Any, send: Any) -> None:
+        raise AssertionError("a refused request reached the app")
+
+    sent = 0
+
+    async def upload() -> AsyncIterator[bytes]:
+        nonlocal sent
+        for _ in range(100):  # 6.4 MB in 64 kB chunks
+            sent += 1
+            yield b"x" * 65536
+
+    limited = AdmissionLimit(never, Admission(max_in_flight=0), paths=frozenset({"/reply"}), max_drain_bytes=1 << 20)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=limited), base_url="http://test") as client:
+        refused = await client.post("/reply", content=upload())
+    assert refused.status_code == 429 and refused.headers["connection"] == "close"
+    assert sent <= (1 << 20) // 65536 + 2
