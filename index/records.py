@@ -24,7 +24,7 @@ class Candidate:
     def __post_init__(self) -> None:
         # The key is asked for several times a record in a reindex (merge, duplicates, build): a
         # hash of the normalised pair each time was 5 s of a 100k-candidate reindex. Kept once.
-        if self.id is None:
+        if not self.id:  # None, or "" (as before: an empty id was never a key)
             object.__setattr__(self, "id", candidate_id(self.reply, self.query))
 
     @property
