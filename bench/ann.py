@@ -81,8 +81,8 @@ KINDS: dict[str, tuple[Callable[[np.ndarray], faiss.Index], str, tuple[int, ...]
     # name: (builder, search parameter, values tried)
     "flat fp32 (exact)": (ann.exact, "", (0,)),
     "flat sq8": (ann.flat_sq8, "", (0,)),
-    "hnsw32 fp32": (hnsw_flat, "efSearch", ann.EF_SEARCH_CHOICES),
-    "hnsw32 sq8": (ann.hnsw_sq8, "efSearch", ann.EF_SEARCH_CHOICES),
+    f"hnsw{ann.HNSW_M} fp32": (hnsw_flat, "efSearch", ann.EF_SEARCH_CHOICES),
+    f"hnsw{ann.HNSW_M} sq8": (ann.hnsw_sq8, "efSearch", ann.EF_SEARCH_CHOICES),
     "ivf sq8": (ivf_sq8, "nprobe", (8, 16, 32, 64, 128, 256)),
     "ivf pq48": (ivf_pq, "nprobe", (8, 16, 32, 64, 128, 256)),
 }
