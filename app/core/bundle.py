@@ -91,7 +91,7 @@ class ConfidenceSpec:
 class BundleManifest:
     name: str
     model_id: str
-    kind: str  # "zero-shot", "teacher", "student", "tiny": what produced the weights
+    kind: str  # "zero-shot", "fine-tuned", "teacher", "student", "tiny": what produced the weights
     dim: int
     num_layers: int
     max_context_tokens: int

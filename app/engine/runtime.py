@@ -128,8 +128,9 @@ def serve(model: Model, index: IndexVersion, settings: Settings) -> Serving:
         raise ValueError(f"index {index.version} was built with another model ({index.manifest.bundle_checksum[:12]})")
     thresholds = model.bundle.thresholds
     if not model.bundle.calibration:
-        # Never calibrated (a zero-shot bundle): query similarity answers only for a last turn
-        # closer to a stored query than 99% of stored queries are to their nearest neighbour.
+        # Never calibrated (no held-out data of its own, e.g. the multilingual bundle): query
+        # similarity answers only for a last turn closer to a stored query than 99% of stored
+        # queries are to their nearest neighbour.
         # With fewer than two stored queries there is no such figure, and the untrained default
         # would let one stored query answer nearly every turn: query similarity is off.
         p99 = index.manifest.profile.get("query_neighbour_p99", QUERY_SIMILARITY_OFF)

