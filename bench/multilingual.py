@@ -1,14 +1,15 @@
-"""The multilingual bundle against the English student: Korean through the live API, speed, reindex.
+"""The multilingual bundles against the English student: Korean through the live API, speed, reindex.
 
-    python -m bench.multilingual [--bundle artifacts/bundles/multilingual-e5-small-int8]
+    python -m bench.multilingual [--bundles artifacts/bundles/multilingual-e5-chitchat-int8 ...]
 
-1. Korean: our own small set (tests/data/korean_chitchat.jsonl, 60
-   conversations written for this check) is uploaded through the admin API
-   of a service that starts with no index, and /reply is asked for each
-   context (k = 10): how often the right reply comes first, and in the top 10.
-   The same for the English release bundle, for comparison. 60 candidates
-   make this an easier task than a real Korean candidate set: it checks that
-   Korean works end to end, it does not stand in for a held-out score.
+1. Korean: our own sets (tests/data/korean_chitchat.jsonl, 60 conversations,
+   and bench/data/korean_dev.jsonl, 300; written for these checks, never
+   trained on) are uploaded through the admin API of a service that starts
+   with no index: their 360 replies are its only candidates. /reply is
+   asked for each context (k = 10): how often the right reply comes first,
+   and in the top 10. A real Korean candidate set is larger, so this is an
+   easier task than a held-out one; it compares bundles, it is no
+   stand-in for a held-out score.
 2. Speed: single-query encoder p50 on 3-turn contexts, and the seconds an
    index build of the same 5,000 chitchat candidates takes, for each bundle.
 
@@ -39,12 +40,17 @@ from index.corpus import load_pairs
 from index.store import IndexStore
 
 ROOT = Path(__file__).resolve().parents[1]
-KOREAN = ROOT / "tests" / "data" / "korean_chitchat.jsonl"
+KOREAN = (ROOT / "tests" / "data" / "korean_chitchat.jsonl", ROOT / "bench" / "data" / "korean_dev.jsonl")
+BUNDLES = (
+    Path("artifacts/bundles/multilingual-e5-chitchat-int8"),
+    Path("artifacts/bundles/multilingual-e5-small-int8"),
+    RELEASE_BUNDLE,
+)
 TOKEN = "multilingual-bench"
 
 
 def korean_through_the_api(bundle: Path, work: Path) -> dict[str, Any]:
-    rows = [json.loads(line) for line in KOREAN.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for path in KOREAN for line in path.read_text().splitlines() if line.strip()]
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHITCHAT_")}
     env.update(CHITCHAT_ARTIFACTS_DIR=str(work), CHITCHAT_BUNDLE_DIR=str(bundle), CHITCHAT_ADMIN_TOKEN=TOKEN)
@@ -108,20 +114,21 @@ def speed(bundle: Path, work: Path, candidates: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--bundle", type=Path, default=Path("artifacts/bundles/multilingual-e5-small-int8"))
+    parser.add_argument("--bundles", type=Path, nargs="+", default=[b for b in BUNDLES if b.is_dir()])
     parser.add_argument("--candidates", type=int, default=5000)
     parser.add_argument("--out", type=Path, default=ROOT / "reports")
     args = parser.parse_args()
     report: dict[str, Any] = {"korean": {}, "speed": []}
-    for bundle in (args.bundle, RELEASE_BUNDLE):
+    for bundle in args.bundles:
         with tempfile.TemporaryDirectory() as work:
             report["korean"][open_bundle(bundle).name] = korean_through_the_api(bundle, Path(work))
         with tempfile.TemporaryDirectory() as work:
             report["speed"].append(speed(bundle, Path(work), args.candidates))
         print(json.dumps(report, indent=1), flush=True)
     lines = [
-        "Korean through the live API: 60 conversations of our own (tests/data/korean_chitchat.jsonl) uploaded as "
-        "the only candidates of a fresh service, /reply asked for each context with k = 10.",
+        "Korean through the live API: 360 conversations of our own (tests/data/korean_chitchat.jsonl and "
+        "bench/data/korean_dev.jsonl) uploaded as the only candidates of a fresh service, /reply asked for each "
+        "context with k = 10.",
         "",
         "| bundle | right reply first | in the top 10 | answered with the user's own line |",
         "|---|---|---|---|",
