@@ -15,13 +15,25 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+from app.core.encoder import cut_context, pad, prefix_length
+
 
 class Tokenise:
-    def __init__(self, tokenizer_path: Path, max_context_tokens: int, max_reply_tokens: int) -> None:
+    def __init__(
+        self, tokenizer_path: Path, max_context_tokens: int, max_reply_tokens: int, context_prefix: str = ""
+    ) -> None:
         self.context = Tokenizer.from_file(str(tokenizer_path))
         # Contexts keep their most recent turns: cut from the left, as serving does.
         self.context.enable_truncation(max_length=max_context_tokens, direction="left")
         self.context.enable_padding(pad_id=0, pad_token="[PAD]")
+        self.max_context_tokens = max_context_tokens
+        self.context_head = 0
+        if context_prefix:
+            # A plain left cut would take the query prefix first; cut as serving does
+            # (app/core/encoder.py): whole, then between the prefix and the oldest turn.
+            self.context.no_truncation()
+            self.context.no_padding()
+            self.context_head = prefix_length(self.context, context_prefix)
         self.reply = Tokenizer.from_file(str(tokenizer_path))
         self.reply.enable_truncation(max_length=max_reply_tokens, direction="right")
         self.reply.enable_padding(pad_id=0, pad_token="[PAD]")
@@ -34,7 +46,12 @@ class Tokenise:
         return ids, mask
 
     def contexts(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._tensors(self.context, texts)
+        """[B, T] ids and mask. Texts carry the context prefix already, when there is one."""
+        if not self.context_head:
+            return self._tensors(self.context, texts)
+        encodings = self.context.encode_batch(list(texts))
+        ids, mask = pad([cut_context(e.ids, self.context_head, self.max_context_tokens) for e in encodings])
+        return torch.from_numpy(ids), torch.from_numpy(mask)
 
     def replies(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         return self._tensors(self.reply, texts)

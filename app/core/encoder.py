@@ -32,7 +32,7 @@ def _tokenizer(path: Path, max_tokens: int, truncate_from: Literal["left", "righ
     return tokenizer
 
 
-def _prefix_length(tokenizer: Tokenizer, prefix: str) -> int:
+def prefix_length(tokenizer: Tokenizer, prefix: str) -> int:
     """How many ids every encoding of prefix + text starts with: the start token and the prefix's pieces.
 
     Not encode(prefix) less its end token: "query: " alone ends in a lone "▁"
@@ -60,7 +60,13 @@ def _batches(lengths: list[int], max_batch: int) -> list[list[int]]:
     return batches
 
 
-def _pad(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+def cut_context(row: list[int], head: int, limit: int) -> list[int]:
+    """A context's ids within `limit`: its first `head` (the start token and the
+    query prefix) and its newest `limit - head`, so the oldest turn is what goes."""
+    return row if len(row) <= limit else row[:head] + row[len(row) - (limit - head) :]
+
+
+def pad(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     """Token id lists -> ([B, T] ids, [B, T] attention mask), right-padded with id 0."""
     width = max(len(r) for r in rows)
     ids = np.zeros((len(rows), width), dtype=np.int64)  # [B, T]
@@ -98,7 +104,7 @@ class Encoder:
             # Cutting a long context from the left would cut its query prefix first: the
             # context side is tokenised whole and cut between the prefix and the oldest turn.
             self._tokenizers["context"] = _tokenizer(tokenizer_path, 1 << 30, truncate_from="left")
-            self._context_head = _prefix_length(self._tokenizers["context"], manifest.query_prefix)
+            self._context_head = prefix_length(self._tokenizers["context"], manifest.query_prefix)
         normalizer = self._tokenizers["reply"].normalizer
         # Whether "Hi" and "hi" are one input to the model (MiniLM's WordPiece
         # lower-cases, XLM-R's SentencePiece does not): what cache keys may fold.
@@ -122,8 +128,7 @@ class Encoder:
         ids = [e.ids for e in self._tokenizers[side].encode_batch(self.prefixed(texts, side))]
         limit = self.manifest.max_context_tokens
         if side == "context" and self.manifest.query_prefix:
-            head = self._context_head
-            ids = [row if len(row) <= limit else row[:head] + row[len(row) - (limit - head) :] for row in ids]
+            ids = [cut_context(row, self._context_head, limit) for row in ids]
         return ids
 
     def run_ids(self, token_ids: Sequence[list[int]], outputs: list[str], max_batch: int = 64) -> list[np.ndarray]:
@@ -132,7 +137,7 @@ class Encoder:
             return [np.empty((0, self.dim), dtype=np.float32) for _ in outputs]
         results: list[np.ndarray] = []
         for rows in _batches([len(t) for t in token_ids], max_batch):
-            ids, mask = _pad([token_ids[i] for i in rows])
+            ids, mask = pad([token_ids[i] for i in rows])
             arrays = self.session.run(outputs, {"input_ids": ids, "attention_mask": mask})  # [B, ...] each
             if not results:
                 results = [np.empty((len(token_ids), *a.shape[1:]), dtype=np.float32) for a in arrays]
