@@ -111,12 +111,20 @@ def _ffn_down_projections(onnx_path: Path) -> list[str]:
 
 
 def _quantize(fp32_path: Path, int8_path: Path, keep_fp32: list[str]) -> None:
+    import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     # Per-channel weights: per-tensor scales lose ~5 points of cosine on
     # MiniLM (mean parity 0.947 vs 0.989 measured on the corpus sample).
     quantize_dynamic(
-        str(fp32_path), str(int8_path), weight_type=QuantType.QInt8, per_channel=True, nodes_to_exclude=keep_fp32
+        str(fp32_path),
+        str(int8_path),
+        weight_type=QuantType.QInt8,
+        per_channel=True,
+        nodes_to_exclude=keep_fp32,
+        # ONNX shape inference knows no types for the contrib ops of a fused
+        # graph (models/fusion.py); every tensor in these encoders is float.
+        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
     )
 
 

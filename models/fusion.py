@@ -1,0 +1,39 @@
+"""ONNX Runtime's transformer fusions on an exported BERT graph, before the int8 pass.
+
+torch's export writes each layer as dozens of small ops (the attention's
+reshapes, transposes, softmax and masking; LayerNorm as its arithmetic).
+For one short query each op costs more in dispatch than in arithmetic.
+ORT's offline optimiser rewrites them into its contrib ops: one
+EmbedLayerNormalization for the embeddings, one Attention per layer,
+BiasGelu, and SkipLayerNormalization for residual + LayerNorm. Dynamic
+quantisation then makes Attention a QAttention and the embedding table an
+int8 QEmbedLayerNormalization, so the bundle stays as small as before.
+
+EmbedLayerNormalization turns the attention mask into sequence lengths,
+which holds for right-padded batches only: the encoder pads on the right
+(`app.core.encoder.pad`), and the builder's parity gate runs padded batches.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def fuse_bert(src: Path, dst: Path, heads: int, hidden: int, layers: int) -> dict[str, int]:
+    """Writes the fused graph of `src` to `dst`; returns the fused-op counts.
+
+    Raises ValueError (writing nothing) unless every layer's attention and
+    both of its residual LayerNorms were fused: a half-fused graph would
+    still be correct, but it would not be what the bundle claims to be.
+    """
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    # opt_level 0: only the fusions. Constant folding and the rest are
+    # onnxruntime's own session-time optimisations, which still run at load.
+    model = optimize_model(str(src), model_type="bert", num_heads=heads, hidden_size=hidden, opt_level=0)
+    counts = {op: n for op, n in model.get_fused_operator_statistics().items() if n}
+    if counts.get("Attention", 0) != layers or counts.get("SkipLayerNormalization", 0) != 2 * layers:
+        expected = f"an Attention and two SkipLayerNormalization in each of {layers} layers"
+        raise ValueError(f"{src.name}: fused {counts}, expected {expected}")
+    model.save_model_to_file(str(dst))
+    return counts
