@@ -47,6 +47,11 @@ class Settings(BaseSettings):
     # 0 = one thread per core. The encoder runs one batch at a time, so all
     # cores go to one batch's matrix multiplications.
     ort_intra_op_threads: int = Field(default=0, ge=0, le=64)
+    # Whether idle onnxruntime threads spin instead of sleeping. Off: under
+    # load, spinning threads take the cores the event loop and searches need.
+    # On: a lone query skips the threads' wake-up, for a few ms less at low
+    # traffic (bench/multilingual.py measures both).
+    ort_spin: bool = False
     # A single-query HNSW search is too small to gain from OpenMP threads.
     faiss_threads: int = Field(default=1, ge=1, le=64)
     # Searches and reranks run in this many threads (FAISS releases the GIL).

@@ -129,3 +129,9 @@ async def test_with_one_stored_query_and_no_calibration_query_similarity_is_off(
 def test_the_cache_folds_case_only_for_a_model_that_does(artifacts: Path) -> None:
     runtime = build_runtime(settings_for(artifacts))
     assert runtime.current().encoder.lowercases and runtime.cache.lowercase  # the tiny bundle uses MiniLM's WordPiece
+
+
+@pytest.mark.parametrize(("spin", "entry"), [(False, "0"), (True, "1")])
+def test_the_spin_setting_reaches_the_encoder_session(artifacts: Path, spin: bool, entry: str) -> None:
+    session = build_runtime(settings_for(artifacts, ort_spin=spin)).current().encoder.session
+    assert session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == entry

@@ -78,7 +78,9 @@ def pad(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
 
 
 class Encoder:
-    def __init__(self, bundle_dir: Path, manifest: BundleManifest, intra_op_threads: int = 0) -> None:
+    def __init__(
+        self, bundle_dir: Path, manifest: BundleManifest, intra_op_threads: int = 0, spin: bool = False
+    ) -> None:
         self.manifest = manifest
         options = ort.SessionOptions()
         # 0 lets onnxruntime use every core; one session serves requests one
@@ -87,10 +89,10 @@ class Encoder:
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        # Idle pool threads sleep rather than spin: spinning burns the cores the event loop and
-        # the searches need under load. Measured with wrk on 2 cores (two runs each): 32
-        # clients 131/123 -> 148/150 rps; 1 client 89/92 -> 80/74 rps (p50 +2.5 ms).
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        # By default idle pool threads sleep rather than spin: spinning burns the cores the
+        # event loop and the searches need under load. Measured with wrk on 2 cores (two runs
+        # each): 32 clients 131/123 -> 148/150 rps; 1 client 89/92 -> 80/74 rps (p50 +2.5 ms).
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
         self.session = ort.InferenceSession(str(bundle_dir / ENCODER_FILE), options, providers=["CPUExecutionProvider"])
         self.has_poly = POLY_OUTPUT in {o.name for o in self.session.get_outputs()}
         tokenizer_path = bundle_dir / TOKENIZER_FILE
