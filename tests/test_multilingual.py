@@ -82,13 +82,16 @@ def _tokenizer_path() -> Path:
     return minilm_path() / TOKENIZER_FILE
 
 
-def test_tiny_int8_bundle_passes_parity_and_serves(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("fuse", "graph"), [(True, "fused, int8-dynamic-per-channel"), (False, "int8-dynamic-per-channel")]
+)
+def test_tiny_int8_bundle_passes_parity_and_serves(tmp_path: Path, fuse: bool, graph: str) -> None:
     _, weights = tiny(vocab_size=30522)
     out = tmp_path / "bundles" / "tiny-e5"
-    spec = BundleSpec(name="tiny-e5", min_parity_cosine=0.95)  # a random 32-wide model quantises worse
+    spec = BundleSpec(name="tiny-e5", fuse=fuse, min_parity_cosine=0.95)  # a random 32-wide model quantises worse
     assert build_bundle(weights, spec, _tokenizer_path(), out, TEXTS) == out
     manifest = open_bundle(out)  # files match their checksums
-    assert manifest.quantization == "fused, int8-dynamic-per-channel"
+    assert manifest.quantization == graph
     assert manifest.parity["mean_cosine"] >= 0.95 and manifest.parity["samples"] == len(TEXTS)
     assert (manifest.query_prefix, manifest.passage_prefix, manifest.language) == ("query: ", "passage: ", "mul")
     assert manifest.poly is None and manifest.reactions is None and manifest.servable
