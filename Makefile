@@ -67,8 +67,8 @@ MULTILINGUAL := artifacts/bundles/multilingual-e5-chitchat-int8
 multilingual: $(VENV)/.multilingual  ## multilingual-e5-small + our fine-tuned layers -> int8 bundle, parity-gated
 	$(PY) -m models.multilingual --if-missing --out $(MULTILINGUAL)
 
-# The fine-tune behind those layers: the top 4 of 12 layers on the chitchat
-# pairs (~80 min on 2 CPU cores), then the judge against zero-shot on English
+# The fine-tune behind those layers: the top 6 of 12 layers on the chitchat
+# pairs and ChatterBot's other languages (~55 min on 2 CPU cores), then the judge against zero-shot on English
 # and our Korean set; PROMOTE=1 tracks the layers if the gates pass.
 multilingual-tune: $(VENV)/.multilingual  ## fine-tune e5-small's top layers -> artifacts/multilingual-tune
 	$(PY) -m models.multilingual_tune
