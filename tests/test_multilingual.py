@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import torch
 import torch.nn.functional as F
@@ -98,6 +99,10 @@ def test_tiny_int8_bundle_passes_parity_and_serves(tmp_path: Path, fuse: bool, g
     assert sorted(p.name for p in out.parent.iterdir()) == ["tiny-e5"]  # no staging left behind
     vectors = Encoder(out, manifest).encode(TEXTS, side="reply")
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    ops = {node.op_type for node in onnx.load(str(out / ENCODER_FILE)).graph.node}
+    # Residual + LayerNorm stays two ops: onnxruntime's fused kernel is the slower (bench/ort_kernels.py).
+    assert "SkipLayerNormalization" not in ops and "LayerNormalization" in ops
+    assert ("QAttention" in ops) == fuse
 
 
 def test_fused_bundle_ignores_what_a_padded_row_is_padded_with(tmp_path: Path) -> None:

@@ -93,7 +93,15 @@ class Encoder:
         # event loop and the searches need under load. Measured with wrk on 2 cores (two runs
         # each): 32 clients 131/123 -> 148/150 rps; 1 client 89/92 -> 80/74 rps (p50 +2.5 ms).
         options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
-        self.session = ort.InferenceSession(str(bundle_dir / ENCODER_FILE), options, providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(
+            str(bundle_dir / ENCODER_FILE),
+            options,
+            providers=["CPUExecutionProvider"],
+            # onnxruntime 1.32's SkipLayerNormalization kernel is slower than the Add and
+            # LayerNormalization it would replace: 74 vs 28 us at [1, 50, 384]; p50 of one
+            # context 10.4 -> 9.1 ms (multilingual), 2.8 -> 2.6 ms (MiniLM). `python -m bench.ort_kernels`
+            disabled_optimizers=["SkipLayerNormFusion"],
+        )
         self.has_poly = POLY_OUTPUT in {o.name for o in self.session.get_outputs()}
         tokenizer_path = bundle_dir / TOKENIZER_FILE
         self._tokenizers: dict[Side, Tokenizer] = {

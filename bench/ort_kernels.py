@@ -1,0 +1,142 @@
+"""What onnxruntime's SkipLayerNormalization costs at one short query.
+
+    python -m bench.ort_kernels [--bundles DIR ...] [--queries 1000]
+
+The encoder turns off onnxruntime's session-time SkipLayerNormFusion, and
+the multilingual build no longer writes that op (models/fusion.py), because
+on this onnxruntime the fused kernel is slower than the Add and
+LayerNormalization it replaces. This prints the evidence:
+
+1. The op alone: one SkipLayerNormalization against Add + LayerNormalization
+   on [1, T, 384] float32, as the service runs sessions (every core, idle
+   threads sleeping), µs per call including the call itself.
+2. Whole encoders: single 3-turn held-out contexts through each bundle's
+   session with the fusion allowed and with it off, the two sessions taking
+   turns query by query so that a noisy neighbour slows both alike; the
+   p50 of each, and how far apart their outputs are (min cosine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from app.core.bundle import ENCODER_FILE, RELEASE_BUNDLE, open_bundle
+from app.core.encoder import OUTPUT_NAMES, Encoder, pad
+from index.corpus import load_pairs
+
+BUNDLES = (Path("artifacts/bundles/multilingual-e5-chitchat-int8"), RELEASE_BUNDLE)
+WARMUP = 20
+
+
+def _options() -> ort.SessionOptions:
+    options = ort.SessionOptions()  # as app/core/encoder.py builds them
+    options.intra_op_num_threads = 0
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options
+
+
+def _op_session(fused: bool, hidden: int) -> ort.InferenceSession:
+    from onnx import TensorProto, helper, numpy_helper
+
+    weights = [
+        numpy_helper.from_array(np.ones(hidden, np.float32), "gamma"),
+        numpy_helper.from_array(np.zeros(hidden, np.float32), "beta"),
+    ]
+    if fused:
+        nodes = [
+            helper.make_node(
+                "SkipLayerNormalization", ["x", "skip", "gamma", "beta"], ["y"], domain="com.microsoft", epsilon=1e-12
+            )
+        ]
+    else:
+        nodes = [
+            helper.make_node("Add", ["x", "skip"], ["sum"]),
+            helper.make_node("LayerNormalization", ["sum", "gamma", "beta"], ["y"], axis=-1, epsilon=1e-12),
+        ]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, None, hidden]) for n in ("x", "skip")]
+    output = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, None, hidden])
+    graph = helper.make_graph(nodes, "residual_norm", inputs, [output], weights)
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    # Off here too, or the session would fuse the unfused pair right back.
+    return ort.InferenceSession(
+        model.SerializeToString(), _options(), ["CPUExecutionProvider"], disabled_optimizers=["SkipLayerNormFusion"]
+    )
+
+
+def op_micros(tokens: int, hidden: int = 384, calls: int = 2000) -> dict[str, float]:
+    x = np.random.default_rng(0).standard_normal((1, tokens, hidden)).astype(np.float32)  # [1, T, H]
+    result = {}
+    for label, fused in (("skip_layer_norm_us", True), ("add_layer_norm_us", False)):
+        session = _op_session(fused, hidden)
+        for _ in range(100):
+            session.run(None, {"x": x, "skip": x})
+        started = time.perf_counter()
+        for _ in range(calls):
+            session.run(None, {"x": x, "skip": x})
+        result[label] = round((time.perf_counter() - started) / calls * 1e6, 1)
+    return result
+
+
+def encoder_p50(bundle: Path, queries: int) -> dict[str, float | str]:
+    manifest = open_bundle(bundle)
+    encoder = Encoder(bundle, manifest)  # for its tokenizer and context rules
+    contexts = [encoder.join_context(p.context) for p in load_pairs("test", manifest.max_context_turns)]
+    token_ids = encoder.tokenize(contexts[: queries + WARMUP], "context")
+    path, output = str(bundle / ENCODER_FILE), OUTPUT_NAMES["context"]
+    sessions = {
+        "fusion_allowed": ort.InferenceSession(path, _options(), ["CPUExecutionProvider"]),
+        "fusion_off": ort.InferenceSession(
+            path, _options(), ["CPUExecutionProvider"], disabled_optimizers=["SkipLayerNormFusion"]
+        ),
+    }
+    millis: dict[str, list[float]] = {name: [] for name in sessions}
+    vectors: dict[str, list[np.ndarray]] = {name: [] for name in sessions}
+    for i, row in enumerate(token_ids):
+        ids, mask = pad([row])  # [1, T] each
+        names = list(sessions) if i % 2 else list(reversed(sessions))
+        for name in names:
+            started = time.perf_counter()
+            vector = sessions[name].run([output], {"input_ids": ids, "attention_mask": mask})[0][0]  # [H]
+            if i >= WARMUP:
+                millis[name].append((time.perf_counter() - started) * 1000)
+            vectors[name].append(vector)
+    cosines = (np.array(vectors["fusion_allowed"]) * np.array(vectors["fusion_off"])).sum(axis=1)  # [N]
+    return {
+        "bundle": manifest.name,
+        "tokens_p50": float(np.median([len(r) for r in token_ids])),
+        **{f"p50_ms_{name}": round(float(np.median(ms)), 2) for name, ms in millis.items()},
+        "min_cosine": round(float(cosines.min()), 4),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bundles", type=Path, nargs="+", default=[b for b in BUNDLES if b.is_dir()])
+    parser.add_argument("--queries", type=int, default=1000)
+    args = parser.parse_args()
+    print(f"onnxruntime {ort.__version__}; one residual + LayerNorm on [1, T, 384] float32, µs per call")
+    print("| T | SkipLayerNormalization | Add + LayerNormalization |\n|---|---|---|")
+    for tokens in (16, 50, 128):
+        op = op_micros(tokens)
+        print(f"| {tokens} | {op['skip_layer_norm_us']} | {op['add_layer_norm_us']} |")
+    print(f"\nSingle 3-turn contexts, {args.queries} each, the two sessions taking turns")
+    print("| bundle | tokens p50 | p50, fusion allowed | p50, fusion off | min cosine between them |")
+    print("|---|---|---|---|---|")
+    for bundle in args.bundles:
+        s = encoder_p50(bundle, args.queries)
+        print(
+            f"| {s['bundle']} | {s['tokens_p50']:.0f} | {s['p50_ms_fusion_allowed']} ms | {s['p50_ms_fusion_off']} ms"
+            f" | {s['min_cosine']} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
