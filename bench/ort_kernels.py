@@ -10,10 +10,11 @@ LayerNormalization it replaces. This prints the evidence:
 1. The op alone: one SkipLayerNormalization against Add + LayerNormalization
    on [1, T, 384] float32, as the service runs sessions (every core, idle
    threads sleeping), µs per call including the call itself.
-2. Whole encoders: single 3-turn held-out contexts through each bundle's
-   session with the fusion allowed and with it off, the two sessions taking
-   turns query by query so that a noisy neighbour slows both alike; the
-   p50 of each, and how far apart their outputs are (min cosine).
+2. Whole encoders: single held-out contexts (a seeded sample, as `make
+   bench` draws) through each bundle's session with the fusion allowed and
+   with it off, the two sessions taking turns query by query so that a
+   noisy neighbour slows both alike; the p50 of each, and how far apart
+   their outputs are (min cosine).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import onnxruntime as ort
 
 from app.core.bundle import ENCODER_FILE, RELEASE_BUNDLE, open_bundle
 from app.core.encoder import OUTPUT_NAMES, Encoder, pad
-from index.corpus import load_pairs
+from bench.latency import test_contexts
 
 BUNDLES = (Path("artifacts/bundles/multilingual-e5-chitchat-int8"), RELEASE_BUNDLE)
 WARMUP = 20
@@ -88,8 +89,8 @@ def op_micros(tokens: int, hidden: int = 384, calls: int = 2000) -> dict[str, fl
 def encoder_p50(bundle: Path, queries: int) -> dict[str, float | str]:
     manifest = open_bundle(bundle)
     encoder = Encoder(bundle, manifest)  # for its tokenizer and context rules
-    contexts = [encoder.join_context(p.context) for p in load_pairs("test", manifest.max_context_turns)]
-    token_ids = encoder.tokenize(contexts[: queries + WARMUP], "context")
+    contexts = [encoder.join_context(turns) for turns in test_contexts(queries + WARMUP, manifest.max_context_turns)]
+    token_ids = encoder.tokenize(contexts, "context")
     path, output = str(bundle / ENCODER_FILE), OUTPUT_NAMES["context"]
     sessions = {
         "fusion_allowed": ort.InferenceSession(path, _options(), ["CPUExecutionProvider"]),
