@@ -112,6 +112,7 @@ def encoder_p50(bundle: Path, queries: int) -> dict[str, float | str]:
     cosines = (np.array(vectors["fusion_allowed"]) * np.array(vectors["fusion_off"])).sum(axis=1)  # [N]
     return {
         "bundle": manifest.name,
+        "graph": manifest.quantization,
         "tokens_p50": float(np.median([len(r) for r in token_ids])),
         **{f"p50_ms_{name}": round(float(np.median(ms)), 2) for name, ms in millis.items()},
         "min_cosine": round(float(cosines.min()), 4),
@@ -128,14 +129,14 @@ def main() -> None:
     for tokens in (16, 50, 128):
         op = op_micros(tokens)
         print(f"| {tokens} | {op['skip_layer_norm_us']} | {op['add_layer_norm_us']} |")
-    print(f"\nSingle 3-turn contexts, {args.queries} each, the two sessions taking turns")
-    print("| bundle | tokens p50 | p50, fusion allowed | p50, fusion off | min cosine between them |")
-    print("|---|---|---|---|---|")
+    print(f"\nSingle held-out contexts of up to 3 turns, {args.queries} each, the two sessions taking turns")
+    print("| bundle | graph | tokens p50 | p50, fusion allowed | p50, fusion off | min cosine between them |")
+    print("|---|---|---|---|---|---|")
     for bundle in args.bundles:
         s = encoder_p50(bundle, args.queries)
         print(
-            f"| {s['bundle']} | {s['tokens_p50']:.0f} | {s['p50_ms_fusion_allowed']} ms | {s['p50_ms_fusion_off']} ms"
-            f" | {s['min_cosine']} |"
+            f"| {s['bundle']} | {s['graph']} | {s['tokens_p50']:.0f} | {s['p50_ms_fusion_allowed']} ms"
+            f" | {s['p50_ms_fusion_off']} ms | {s['min_cosine']} |"
         )
 
 

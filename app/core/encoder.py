@@ -98,8 +98,8 @@ class Encoder:
             options,
             providers=["CPUExecutionProvider"],
             # onnxruntime 1.32's SkipLayerNormalization kernel is slower than the Add and
-            # LayerNormalization it would replace: 74 vs 28 us at [1, 50, 384]; p50 of one
-            # context 10.4 -> 9.1 ms (multilingual), 2.8 -> 2.6 ms (MiniLM). `python -m bench.ort_kernels`
+            # LayerNormalization it would replace: 93 vs 40 us at [1, 50, 384]; p50 of one
+            # context 10.5 -> 9.1 ms (multilingual), 2.7 -> 2.5 ms (MiniLM). `python -m bench.ort_kernels`
             disabled_optimizers=["SkipLayerNormFusion"],
         )
         self.has_poly = POLY_OUTPUT in {o.name for o in self.session.get_outputs()}
