@@ -47,10 +47,11 @@ class Settings(BaseSettings):
     # 0 = one thread per core. The encoder runs one batch at a time, so all
     # cores go to one batch's matrix multiplications.
     ort_intra_op_threads: int = Field(default=0, ge=0, le=64)
-    # Whether idle onnxruntime threads spin instead of sleeping. Off: under
-    # load, spinning threads take the cores the event loop and searches need.
-    # On: a lone query skips the threads' wake-up, for a few ms less at low
-    # traffic (bench/multilingual.py measures both).
+    # Whether onnxruntime's pool threads spin between the ops of a run instead
+    # of sleeping; they stop when the run returns either way. On: a lone query
+    # skips ~100 thread wake-ups, a few ms less at low traffic. Off: at
+    # saturation the event loop and searches keep those cycles, 6-10% more
+    # requests/s (`python -m bench.ort_kernels`, `make bench-load`).
     ort_spin: bool = False
     # A single-query HNSW search is too small to gain from OpenMP threads.
     faiss_threads: int = Field(default=1, ge=1, le=64)

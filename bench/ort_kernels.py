@@ -1,4 +1,4 @@
-"""What onnxruntime's SkipLayerNormalization costs at one short query.
+"""What onnxruntime's SkipLayerNormalization and its thread waits cost at one short query.
 
     python -m bench.ort_kernels [--bundles DIR ...] [--queries 1000]
 
@@ -15,11 +15,18 @@ LayerNormalization it replaces. This prints the evidence:
    with it off, the two sessions taking turns query by query so that a
    noisy neighbour slows both alike; the p50 of each, and how far apart
    their outputs are (min cosine).
+3. Thread waits: each bundle's session with idle pool threads sleeping,
+   spinning only while a run lasts (the service's default,
+   `CHITCHAT_ORT_SPIN`), and spinning until onnxruntime's own back-off,
+   taking turns query by query; the p50 of each, and the CPU seconds its
+   threads burn in the second after a query, when a service waits for the
+   next request.
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import time
 from pathlib import Path
 
@@ -34,12 +41,12 @@ BUNDLES = (Path("artifacts/bundles/multilingual-e5-chitchat-int8"), RELEASE_BUND
 WARMUP = 20
 
 
-def _options() -> ort.SessionOptions:
+def _options(spin: bool = False) -> ort.SessionOptions:
     options = ort.SessionOptions()  # as app/core/encoder.py builds them, less the disabled fusion
     options.intra_op_num_threads = 0
     options.inter_op_num_threads = 1
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     return options
 
 
@@ -117,6 +124,50 @@ def encoder_p50(bundle: Path, queries: int) -> dict[str, float | str]:
     }
 
 
+def _idle_cpu_s(session: ort.InferenceSession, feed: dict[str, np.ndarray], output: str) -> float:
+    """CPU seconds this process spends in the second after one query: threads left spinning."""
+    session.run([output], feed)
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    time.sleep(1.0)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    return round((after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime), 3)
+
+
+def thread_waits(bundle: Path, queries: int, block: int = 20) -> dict[str, float | str]:
+    """Sessions take turns a block of queries at a time, with a pause between blocks:
+    query by query, one session's spinning threads would take the core the next one runs on."""
+    manifest = open_bundle(bundle)
+    always = _options(spin=True)
+    sessions = {
+        "sleeping": Encoder(bundle, manifest, spin=False).session,
+        "spinning_in_run": Encoder(bundle, manifest, spin=True).session,
+        "spinning_always": ort.InferenceSession(
+            str(bundle / ENCODER_FILE), always, ["CPUExecutionProvider"], disabled_optimizers=["SkipLayerNormFusion"]
+        ),
+    }
+    encoder = Encoder(bundle, manifest)
+    contexts = [encoder.join_context(turns) for turns in test_contexts(queries + WARMUP, manifest.max_context_turns)]
+    feeds = [
+        dict(zip(("input_ids", "attention_mask"), pad([row]), strict=True))
+        for row in encoder.tokenize(contexts, "context")
+    ]
+    output = OUTPUT_NAMES["context"]
+    millis: dict[str, list[float]] = {name: [] for name in sessions}
+    for start in range(0, len(feeds), block):
+        for name, session in sessions.items():
+            time.sleep(0.2)  # onnxruntime's own spinning back-off ends well within this
+            for i, feed in enumerate(feeds[start : start + block], start):
+                started = time.perf_counter()
+                session.run([output], feed)
+                if i >= WARMUP:
+                    millis[name].append((time.perf_counter() - started) * 1000)
+    return {
+        "bundle": manifest.name,
+        **{f"p50_ms_{name}": round(float(np.median(ms)), 2) for name, ms in millis.items()},
+        **{f"idle_cpu_s_{name}": _idle_cpu_s(session, feeds[0], output) for name, session in sessions.items()},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bundles", type=Path, nargs="+", default=[b for b in BUNDLES if b.is_dir()])
@@ -135,6 +186,17 @@ def main() -> None:
         print(
             f"| {s['bundle']} | {s['graph']} | {s['tokens_p50']:.0f} | {s['p50_ms_fusion_allowed']} ms"
             f" | {s['p50_ms_fusion_off']} ms | {s['min_cosine']} |"
+        )
+    print(f"\nThread waits, the same contexts, {args.queries} each, the three sessions taking turns 20 at a time;")
+    print("idle CPU: seconds of CPU the process burns in the second after a query")
+    print("| bundle | sleeping: p50 | idle CPU | spinning in a run: p50 | idle CPU | spinning always: p50 | idle CPU |")
+    print("|---|---|---|---|---|---|---|")
+    for bundle in args.bundles:
+        w = thread_waits(bundle, args.queries)
+        print(
+            f"| {w['bundle']} | {w['p50_ms_sleeping']} ms | {w['idle_cpu_s_sleeping']} s"
+            f" | {w['p50_ms_spinning_in_run']} ms | {w['idle_cpu_s_spinning_in_run']} s"
+            f" | {w['p50_ms_spinning_always']} ms | {w['idle_cpu_s_spinning_always']} s |"
         )
 
 

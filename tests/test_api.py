@@ -133,5 +133,7 @@ def test_the_cache_folds_case_only_for_a_model_that_does(artifacts: Path) -> Non
 
 @pytest.mark.parametrize(("spin", "entry"), [(False, "0"), (True, "1")])
 def test_the_spin_setting_reaches_the_encoder_session(artifacts: Path, spin: bool, entry: str) -> None:
-    session = build_runtime(settings_for(artifacts, ort_spin=spin)).current().encoder.session
-    assert session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == entry
+    options = build_runtime(settings_for(artifacts, ort_spin=spin)).current().encoder.session.get_session_options()
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == entry
+    # Spinning or not, no pool thread goes on spinning once a run has returned.
+    assert options.get_session_config_entry("session.force_spinning_stop") == "1"

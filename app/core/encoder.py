@@ -89,10 +89,13 @@ class Encoder:
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        # By default idle pool threads sleep rather than spin: spinning burns the cores the
-        # event loop and the searches need under load. Measured with wrk on 2 cores (two runs
-        # each): 32 clients 131/123 -> 148/150 rps; 1 client 89/92 -> 80/74 rps (p50 +2.5 ms).
+        # A context is ~100 small ops, and a pool thread that sleeps between them pays a
+        # wake-up for each. With spin, the threads spin between the ops of one run and stop
+        # the moment it returns (force_spinning_stop): idle threads left spinning between
+        # requests took the cores the event loop and searches need under load.
+        # `python -m bench.ort_kernels` and `make bench-load` measure both ways.
         options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+        options.add_session_config_entry("session.force_spinning_stop", "1")
         self.session = ort.InferenceSession(
             str(bundle_dir / ENCODER_FILE),
             options,
