@@ -51,7 +51,7 @@ class Settings(BaseSettings):
     # of sleeping; they stop when the run returns either way. On: a lone query
     # skips ~100 thread wake-ups, a few ms less at low traffic. Off: at
     # saturation the event loop and searches keep those cycles, 6-10% more
-    # requests/s (`python -m bench.ort_kernels`, `make bench-load`).
+    # requests/s (`python -m bench.ort_kernels`, `python -m bench.load --spin`).
     ort_spin: bool = False
     # A single-query HNSW search is too small to gain from OpenMP threads.
     faiss_threads: int = Field(default=1, ge=1, le=64)

@@ -1,6 +1,6 @@
 """`make bench-load`: the service against a naive one, under wrk, on loopback.
 
-    python -m bench.load [--duration 20] [--clients 1 32] [--bundle DIR] [--artifacts DIR]
+    python -m bench.load [--duration 20] [--clients 1 32] [--bundle DIR] [--artifacts DIR] [--spin]
 
 Starts the service on a bundle (default: the release bundle; any bundle with
 an index under --artifacts, so the bench runs before a release exists) and
@@ -171,11 +171,13 @@ def markdown(
     duration: int,
     bundle: str,
     version: str,
+    spin: bool = False,
 ) -> str:
+    settings = "rerank on, CHITCHAT_ORT_SPIN=1" if spin else "rerank on"
     lines = [
         f"`/reply` under wrk on loopback, {cores} cores shared by the server and wrk, {duration} s per row, every "
         "request a multi-turn held-out context whose last turn ends with a tag no other request carries (no "
-        f'cache hits). "project": this service on bundle {bundle} and index {version} (rerank on); "naive": '
+        f'cache hits). "project": this service on bundle {bundle} and index {version} ({settings}); "naive": '
         "sentence-transformers in PyTorch + FAISS exact search + one FastAPI route, on the same replies.",
         "",
         "| service | clients | rps | p50 | p99 | errors |",
@@ -209,6 +211,7 @@ def main() -> None:
     )
     parser.add_argument("--artifacts", type=Path, default=ROOT / "artifacts", help="holds an index for the bundle")
     parser.add_argument("--skip-naive", action="store_true")
+    parser.add_argument("--spin", action="store_true", help="serve with CHITCHAT_ORT_SPIN=1")
     parser.add_argument("--out", type=Path, default=ROOT / "reports")
     args = parser.parse_args()
     if shutil.which("wrk") is None:
@@ -225,7 +228,12 @@ def main() -> None:
     print(f"[load] bundle {bundle.name} ({bundle_dir}), index {version}", flush=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHITCHAT_")}  # no Redis: nothing shared
     envs = {
-        "project": {**env, "CHITCHAT_BUNDLE_DIR": str(bundle_dir), "CHITCHAT_ARTIFACTS_DIR": str(artifacts)},
+        "project": {
+            **env,
+            "CHITCHAT_BUNDLE_DIR": str(bundle_dir),
+            "CHITCHAT_ARTIFACTS_DIR": str(artifacts),
+            "CHITCHAT_ORT_SPIN": "1" if args.spin else "0",
+        },
         # The naive service answers from the same index version's replies (its own vectors, cached by model).
         "naive": {**env, "NAIVE_INDEX_DIR": str(store.path(version)), "NAIVE_CACHE_DIR": str(artifacts / "bench")},
     }
@@ -259,13 +267,14 @@ def main() -> None:
         "duration_s": args.duration,
         "bundle": bundle.name,
         "bundle_dir": str(bundle_dir),
+        "ort_spin": args.spin,
         "index_version": version,
         "unique_requests": "every request's last turn carries its own tag (bench/load.lua)",
         "rows": rows,
         **extra,
     }
     (args.out / "load.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.out / "load.md").write_text(markdown(rows, extra, cores, args.duration, bundle.name, version))
+    (args.out / "load.md").write_text(markdown(rows, extra, cores, args.duration, bundle.name, version, args.spin))
     print((args.out / "load.md").read_text())
 
 

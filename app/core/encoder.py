@@ -93,7 +93,7 @@ class Encoder:
         # wake-up for each. With spin, the threads spin between the ops of one run and stop
         # the moment it returns (force_spinning_stop): idle threads left spinning between
         # requests took the cores the event loop and searches need under load.
-        # `python -m bench.ort_kernels` and `make bench-load` measure both ways.
+        # `python -m bench.ort_kernels` and `python -m bench.load [--spin]` measure both ways.
         options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
         options.add_session_config_entry("session.force_spinning_stop", "1")
         self.session = ort.InferenceSession(
