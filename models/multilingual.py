@@ -53,9 +53,9 @@ from models.trained_layers import MANIFEST_FILE, RELEASE_LAYERS, overlay, read_r
 NAME = "multilingual-e5-small-int8"  # zero-shot
 TUNED_NAME = "multilingual-e5-chitchat-int8"  # with the released fine-tuned layers
 # Raised when the same weights would now give another graph (2: fused before
-# int8; 3: no SkipLayerNormalization), so that --if-missing rebuilds a bundle
-# an older builder made.
-BUILDER = 3
+# int8; 3: no SkipLayerNormalization; 4: 7-bit weights), so that --if-missing
+# rebuilds a bundle an older builder made.
+BUILDER = 4
 
 # The same eight chit-chat lines in seven languages (index i of each block is
 # one meaning), then a few more scripts, code-switching, emoji and a 3-turn

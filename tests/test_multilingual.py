@@ -13,6 +13,7 @@ import onnx
 import pytest
 import torch
 import torch.nn.functional as F
+from onnx import numpy_helper
 from tokenizers import Tokenizer
 from transformers import BertConfig, BertModel
 
@@ -99,10 +100,14 @@ def test_tiny_int8_bundle_passes_parity_and_serves(tmp_path: Path, fuse: bool, g
     assert sorted(p.name for p in out.parent.iterdir()) == ["tiny-e5"]  # no staging left behind
     vectors = Encoder(out, manifest).encode(TEXTS, side="reply")
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
-    ops = {node.op_type for node in onnx.load(str(out / ENCODER_FILE)).graph.node}
+    graph_proto = onnx.load(str(out / ENCODER_FILE)).graph
+    ops = {node.op_type for node in graph_proto.node}
     # Residual + LayerNorm stays two ops: onnxruntime's fused kernel is the slower (bench/ort_kernels.py).
     assert "SkipLayerNormalization" not in ops and "LayerNormalization" in ops
     assert ("QAttention" in ops) == fuse
+    # 7-bit weights, so that a CPU without VNNI cannot saturate its int16 sums (models/export.py).
+    int8 = [numpy_helper.to_array(t) for t in graph_proto.initializer if t.data_type == onnx.TensorProto.INT8]
+    assert int8 and all(np.abs(w.astype(np.int16)).max() <= 64 for w in int8)  # 2 * 255 * 64 < 2**15
 
 
 def test_fused_bundle_ignores_what_a_padded_row_is_padded_with(tmp_path: Path) -> None:
