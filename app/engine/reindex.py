@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from app.core.encoder import Encoder
 from app.engine.jobs import Job, JobStore, Lock
 from app.engine.retriever import Serving
 from app.engine.runtime import Runtime
@@ -124,7 +123,7 @@ class Reindexer:
         # Its own session, created in this low-priority thread: its worker
         # threads inherit the niceness, so on an idle machine the build uses
         # every core and under load the scheduler favours live requests.
-        encoder = Encoder(model.bundle_dir, model.bundle, self.runtime.settings.ort_intra_op_threads)
+        encoder = model.encoder.sibling(self.runtime.settings.ort_intra_op_threads)
         manifest = build_version(
             merged,
             encoder,
