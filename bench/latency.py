@@ -32,6 +32,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def cpu_description() -> str:
+    """The CPU model, and whether it has VNNI: int8 speed and int8 saturation both depend on it."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown CPU"
+    fields = {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in info.splitlines())}
+    model = fields.get("model name", "unknown CPU")
+    flags = set(fields.get("flags", "").split())
+    vnni = "with VNNI" if flags & {"avx512_vnni", "avx_vnni"} else "no VNNI"
+    return f"{model}, {os.cpu_count()} cores, {vnni}"
+
+
 def test_contexts(n: int, max_turns: int, seed: int = 0) -> list[list[str]]:
     from index.corpus import load_pairs
 

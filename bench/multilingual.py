@@ -36,7 +36,7 @@ import numpy as np
 
 from app.core.bundle import RELEASE_BUNDLE, open_bundle
 from app.core.encoder import Encoder
-from bench.latency import free_port, test_contexts
+from bench.latency import cpu_description, free_port, test_contexts
 from index.build import build_version, corpus_candidates
 from index.store import IndexStore
 
@@ -130,7 +130,7 @@ def main() -> None:
     parser.add_argument("--candidates", type=int, default=5000)
     parser.add_argument("--out", type=Path, default=ROOT / "reports")
     args = parser.parse_args()
-    report: dict[str, Any] = {"korean": {}, "speed": []}
+    report: dict[str, Any] = {"cpu": cpu_description(), "korean": {}, "speed": []}
     for bundle in args.bundles:
         with tempfile.TemporaryDirectory() as work:
             report["korean"][open_bundle(bundle).name] = korean_through_the_api(bundle, Path(work))
@@ -149,7 +149,7 @@ def main() -> None:
         lines.append(f"| {name} | {k['r_at_1']:.3f} | {k['r_at_10']:.3f} | {k['echoed']} |")
     lines += [
         "",
-        f"Speed on {os.cpu_count()} cores: single 3-turn context through the encoder (p50), as the service runs"
+        f"Speed on {report['cpu']}: single 3-turn context through the encoder (p50), as the service runs"
         " it by default and with CHITCHAT_ORT_SPIN=1, and an index build"
         f" of the same {args.candidates:,} chitchat candidates.",
         "",

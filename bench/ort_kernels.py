@@ -35,7 +35,7 @@ import onnxruntime as ort
 
 from app.core.bundle import ENCODER_FILE, RELEASE_BUNDLE, open_bundle
 from app.core.encoder import OUTPUT_NAMES, Encoder, pad
-from bench.latency import test_contexts
+from bench.latency import cpu_description, test_contexts
 
 BUNDLES = (Path("artifacts/bundles/multilingual-e5-chitchat-int8"), RELEASE_BUNDLE)
 WARMUP = 20
@@ -173,7 +173,8 @@ def main() -> None:
     parser.add_argument("--bundles", type=Path, nargs="+", default=[b for b in BUNDLES if b.is_dir()])
     parser.add_argument("--queries", type=int, default=1000)
     args = parser.parse_args()
-    print(f"onnxruntime {ort.__version__}; one residual + LayerNorm on [1, T, 384] float32, µs per call")
+    print(f"onnxruntime {ort.__version__} on {cpu_description()}")
+    print("One residual + LayerNorm on [1, T, 384] float32, µs per call")
     print("| T | SkipLayerNormalization | Add + LayerNormalization |\n|---|---|---|")
     for tokens in (16, 50, 128):
         op = op_micros(tokens)
