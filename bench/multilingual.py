@@ -88,6 +88,13 @@ def korean_through_the_api(bundle: Path, work: Path) -> dict[str, Any]:
     return {"conversations": n, "r_at_1": round(first / n, 3), "r_at_10": round(top10 / n, 3), "echoed": echoed}
 
 
+def label(bundle: Path) -> str:
+    """The bundle's name and its weights' bits: `models.multilingual --eight-bit` keeps the name.
+    Bundles from before the manifest said so have 8-bit weights."""
+    manifest = open_bundle(bundle)
+    return f"{manifest.name} ({manifest.training.get('weight_bits', 8)}-bit weights)"
+
+
 def single_query_p50(encoder: Encoder, contexts: list[str]) -> float:
     """Median ms for one context at a time, after 20 to warm up."""
     for text in contexts[:20]:
@@ -113,7 +120,7 @@ def speed(bundle: Path, work: Path, candidates: int) -> dict[str, Any]:
     built = build_version(chosen, encoder, manifest.checksum, IndexStore(work / "indexes"), "bench", progress=False)
     seconds = time.perf_counter() - started
     return {
-        "bundle": manifest.name,
+        "bundle": label(bundle),
         "layers": manifest.num_layers,
         "quantization": manifest.quantization,
         "single_query_p50_ms": p50,
@@ -133,7 +140,7 @@ def main() -> None:
     report: dict[str, Any] = {"cpu": cpu_description(), "korean": {}, "speed": []}
     for bundle in args.bundles:
         with tempfile.TemporaryDirectory() as work:
-            report["korean"][open_bundle(bundle).name] = korean_through_the_api(bundle, Path(work))
+            report["korean"][label(bundle)] = korean_through_the_api(bundle, Path(work))
         with tempfile.TemporaryDirectory() as work:
             report["speed"].append(speed(bundle, Path(work), args.candidates))
         print(json.dumps(report, indent=1), flush=True)

@@ -110,7 +110,7 @@ def _ffn_down_projections(onnx_path: Path) -> list[str]:
     ]
 
 
-def _quantize(fp32_path: Path, int8_path: Path, keep_fp32: list[str]) -> None:
+def _quantize(fp32_path: Path, int8_path: Path, keep_fp32: list[str], reduce_range: bool = True) -> None:
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -125,7 +125,7 @@ def _quantize(fp32_path: Path, int8_path: Path, keep_fp32: list[str]) -> None:
         # kernel sums pairs of products into int16, which saturates on large activations.
         # Multilingual e5 on such a CPU: parity min 0.976 -> 0.985, Korean R@10 0.473 -> 0.513
         # (1-of-300). onnxruntime's own guidance for non-VNNI CPUs; a VNNI CPU loses one bit.
-        reduce_range=True,
+        reduce_range=reduce_range,
         nodes_to_exclude=keep_fp32,
         # ONNX shape inference knows no types for the contrib ops of a fused
         # graph (models/fusion.py); every tensor in these encoders is float.

