@@ -123,8 +123,9 @@ def _quantize(fp32_path: Path, int8_path: Path, keep_fp32: list[str], reduce_ran
         per_channel=True,
         # 7-bit weights. Without VNNI (AVX2 only, e.g. AMD Zen 3), onnxruntime's u8 x s8
         # kernel sums pairs of products into int16, which saturates on large activations.
-        # Multilingual e5 on such a CPU: parity min 0.976 -> 0.985, Korean R@10 0.473 -> 0.513
-        # (1-of-300). onnxruntime's own guidance for non-VNNI CPUs; a VNNI CPU loses one bit.
+        # Multilingual e5 on such a CPU: parity min 0.976 -> 0.985; Korean through the API
+        # R@1 0.206 -> 0.222, R@10 0.475 -> 0.497 (bench.multilingual, `--eight-bit` builds).
+        # onnxruntime's own guidance for non-VNNI CPUs; a CPU with VNNI loses one bit.
         reduce_range=reduce_range,
         nodes_to_exclude=keep_fp32,
         # ONNX shape inference knows no types for the contrib ops of a fused
