@@ -93,11 +93,16 @@ def op_micros(tokens: int, hidden: int = 384, calls: int = 2000) -> dict[str, fl
     return result
 
 
+def _held_out_ids(encoder: Encoder, queries: int) -> list[list[int]]:
+    """WARMUP + queries held-out contexts (a seeded sample, as `make bench` draws), tokenised as served."""
+    turns = test_contexts(queries + WARMUP, encoder.manifest.max_context_turns)
+    return encoder.tokenize([encoder.join_context(t) for t in turns], "context")
+
+
 def encoder_p50(bundle: Path, queries: int) -> dict[str, float | str]:
     manifest = open_bundle(bundle)
     encoder = Encoder(bundle, manifest)  # its tokenizer, its context rules, and the session as served
-    contexts = [encoder.join_context(turns) for turns in test_contexts(queries + WARMUP, manifest.max_context_turns)]
-    token_ids = encoder.tokenize(contexts, "context")
+    token_ids = _held_out_ids(encoder, queries)
     path, output = str(bundle / ENCODER_FILE), OUTPUT_NAMES["context"]
     sessions = {
         "fusion_allowed": ort.InferenceSession(path, _options(), ["CPUExecutionProvider"]),
@@ -138,18 +143,16 @@ def thread_waits(bundle: Path, queries: int, block: int = 20) -> dict[str, float
     query by query, one session's spinning threads would take the core the next one runs on."""
     manifest = open_bundle(bundle)
     always = _options(spin=True)
+    sleeping = Encoder(bundle, manifest, spin=False)  # the service's default; its tokenizers serve all three
     sessions = {
-        "sleeping": Encoder(bundle, manifest, spin=False).session,
-        "spinning_in_run": Encoder(bundle, manifest, spin=True).session,
+        "sleeping": sleeping.session,
+        "spinning_in_run": Encoder(bundle, manifest, spin=True, tokenizers_of=sleeping).session,
         "spinning_always": ort.InferenceSession(
             str(bundle / ENCODER_FILE), always, ["CPUExecutionProvider"], disabled_optimizers=["SkipLayerNormFusion"]
         ),
     }
-    encoder = Encoder(bundle, manifest)
-    contexts = [encoder.join_context(turns) for turns in test_contexts(queries + WARMUP, manifest.max_context_turns)]
     feeds = [
-        dict(zip(("input_ids", "attention_mask"), pad([row]), strict=True))
-        for row in encoder.tokenize(contexts, "context")
+        dict(zip(("input_ids", "attention_mask"), pad([row]), strict=True)) for row in _held_out_ids(sleeping, queries)
     ]
     output = OUTPUT_NAMES["context"]
     millis: dict[str, list[float]] = {name: [] for name in sessions}
