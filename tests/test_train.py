@@ -26,6 +26,7 @@ from models.dataset import train_pairs
 from models.encoder import DualEncoder, minilm_path, tiny_body
 from models.evalset import metrics, ranks
 from models.evaluate import evaluate_all
+from models.losses import both_ways_in_batch_negatives, in_batch_negatives
 from models.reactions import ReactionSet
 from models.release import GATES, ReleaseRefused, promote
 from models.teacher import train_teacher
@@ -73,6 +74,21 @@ def test_ranks_and_metrics() -> None:
     rank = ranks(context, reply, negatives)
     assert rank.tolist() == [1, 2, 1]
     assert metrics(rank) == {"r_at_1": round(2 / 3, 4), "r_at_10": 1.0, "mrr": round((1 + 0.5 + 1) / 3, 4)}
+
+
+def test_the_both_ways_loss_also_charges_a_reply_that_is_close_to_every_context() -> None:
+    contexts = torch.eye(8)  # [B, D]: 8 orthogonal contexts
+    replies = torch.eye(8)  # [B, D]: each reply on its own context
+    # Pairs that are perfect and symmetric cost the same either way.
+    assert torch.isclose(
+        both_ways_in_batch_negatives(contexts, replies, 20.0), in_batch_negatives(contexts, replies, 20.0)
+    )
+    replies[0] = torch.full((8,), 8**-0.5)  # a hub: equally close to every context
+    one_way = in_batch_negatives(contexts, replies, 20.0)
+    both_ways = both_ways_in_batch_negatives(contexts, replies, 20.0)
+    # Its own row is a uniform pick among 8 contexts: ln 8 more, halved.
+    assert both_ways > one_way
+    assert torch.isclose(both_ways, both_ways_in_batch_negatives(replies, contexts, 20.0))
 
 
 def test_batch_plan_never_repeats_a_reply_in_a_batch_and_is_a_function_of_the_step() -> None:
