@@ -219,6 +219,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--steps", type=int, default=TuneConfig.steps)
+    parser.add_argument("--batch-size", type=int, default=TuneConfig.batch_size, help="pairs per batch: the negatives")
     parser.add_argument("--trained-layers", type=int, default=TuneConfig.trained_layers)
     parser.add_argument("--validation-examples", type=int, default=TuneConfig.validation_examples)
     parser.add_argument("--multilingual-every", type=int, default=TuneConfig.multilingual_every, help="0: English only")
@@ -230,6 +231,7 @@ def main() -> None:
     args = parser.parse_args()
     cfg = TuneConfig(
         steps=args.steps,
+        batch_size=args.batch_size,
         trained_layers=args.trained_layers,
         validation_examples=args.validation_examples,
         multilingual_every=args.multilingual_every,
