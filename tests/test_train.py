@@ -86,7 +86,8 @@ def test_the_both_ways_loss_also_charges_a_reply_that_is_close_to_every_context(
     replies[0] = torch.full((8,), 8**-0.5)  # a hub: equally close to every context
     one_way = in_batch_negatives(contexts, replies, 20.0)
     both_ways = both_ways_in_batch_negatives(contexts, replies, 20.0)
-    # Its own row is a uniform pick among 8 contexts: ln 8 more, halved.
+    # One way, the hub costs only a little on the other rows. Transposed, its own
+    # row is a uniform pick among 8 contexts: a loss of ln 8 on that row.
     assert both_ways > one_way
     assert torch.isclose(both_ways, both_ways_in_batch_negatives(replies, contexts, 20.0))
 
