@@ -163,6 +163,7 @@ def tune(cfg: TuneConfig, out: Path, spec: BundleSpec | None = None) -> dict[str
     replies = [spec.passage_prefix + r for r in pairs.replies]
 
     other = OtherLanguages(cfg, spec)
+    loss = both_ways_in_batch_negatives if cfg.both_ways else in_batch_negatives
 
     def batch_loss(step: int) -> torch.Tensor:
         if other.takes(step):
@@ -172,7 +173,6 @@ def tune(cfg: TuneConfig, out: Path, spec: BundleSpec | None = None) -> dict[str
             batch_contexts, batch_replies = [contexts[i] for i in rows], [replies[i] for i in rows]
         context = model.encode_context(*tok.contexts(batch_contexts))  # [B, D]
         reply = model.encode_reply(*tok.replies(batch_replies))  # [B, D]
-        loss = both_ways_in_batch_negatives if cfg.both_ways else in_batch_negatives
         return loss(context, reply, cfg.scale)
 
     data = eval_set(cfg.validation_examples, cfg.seed, split="validation")
