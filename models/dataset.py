@@ -29,6 +29,9 @@ class TrainPairs:
         """[N] characters of context and reply, a proxy for the tokens a row pads a batch to."""
         return [len(c) + len(r) for c, r in zip(self.contexts, self.replies, strict=True)]
 
+    def __add__(self, other: TrainPairs) -> TrainPairs:
+        return TrainPairs(self.contexts + other.contexts, self.replies + other.replies)
+
     def rows(self, rows: list[int]) -> tuple[list[str], list[str]]:
         return [self.contexts[i] for i in rows], [self.replies[i] for i in rows]
 

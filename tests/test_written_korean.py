@@ -1,0 +1,52 @@
+"""Our written Korean conversations: cut into pairs, kept apart from our Korean
+evaluation sets, and added to ChatterBot's Korean batches only when asked."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from app.core.text import Signature, near_copy
+from models.multilingual import BundleSpec
+from models.multilingual_tune import OtherLanguages, TuneConfig
+from models.written_korean import WRITTEN, eval_signatures, written_conversations, written_korean_pairs
+
+
+def test_a_conversation_with_a_near_copy_of_an_eval_line_is_dropped_whole(tmp_path: Path) -> None:
+    path = tmp_path / "written.jsonl"
+    rows = [
+        ["점심 뭐 먹을래?", "마라탕 어때", "좋아 12시에 보자"],
+        ["주말에 뭐 해?", "집에서 드라마 정주행할 거야!!", "뭐 보는데"],  # the eval line, up to punctuation
+    ]
+    path.write_text("\n".join(json.dumps({"turns": t}, ensure_ascii=False) for t in rows) + "\n", encoding="utf-8")
+    held_out = [Signature.of("집에서 드라마 정주행할 거야")]
+    assert written_conversations(path, held_out) == [rows[0]]
+    pairs = written_korean_pairs(3, " | ", path)  # the real eval sets hold none of these lines: both kept
+    assert pairs.contexts == [
+        "점심 뭐 먹을래?",
+        "점심 뭐 먹을래? | 마라탕 어때",
+        "주말에 뭐 해?",
+        "주말에 뭐 해? | " + rows[1][1],
+    ]
+    assert pairs.replies == [*rows[0][1:], *rows[1][1:]]
+
+
+def test_the_tracked_file_is_korean_and_shares_no_line_with_our_eval_sets() -> None:
+    rows = [json.loads(line)["turns"] for line in WRITTEN.read_text(encoding="utf-8").splitlines() if line.strip()]
+    kept = written_conversations()
+    assert len(kept) > 0.9 * len(rows) > 400  # the near-copy filter drops a few, not the file
+    held_out = eval_signatures()
+    lines = {line for turns in kept for line in turns}
+    assert not any(near_copy(Signature.of(line), h) for line in lines for h in held_out)
+    hangul = sum(any("\uac00" <= c <= "\ud7a3" for c in line) for line in lines)
+    assert hangul > 0.95 * len(lines)
+
+
+def test_only_the_flag_adds_them_to_the_korean_batches() -> None:
+    plain = OtherLanguages(TuneConfig(), BundleSpec())
+    written = OtherLanguages(TuneConfig(written_korean=True), BundleSpec())
+    added = len(written.pairs["korean"]) - len(plain.pairs["korean"])
+    assert added == len(written_korean_pairs(BundleSpec().max_context_turns, BundleSpec().turn_separator)) > 1000
+    assert {n: len(p) for n, p in written.pairs.items() if n != "korean"} == {
+        n: len(p) for n, p in plain.pairs.items() if n != "korean"
+    }
