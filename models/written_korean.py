@@ -28,6 +28,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
 
 from app.core.text import Signature, near_copy
 from models.chatterbot import language_pairs
@@ -35,6 +38,10 @@ from models.dataset import TrainPairs
 from models.evalset import KOREAN_DEV, KOREAN_TESTS, korean_rows
 
 WRITTEN = Path(__file__).resolve().parent / "data" / "korean_conversations.jsonl"
+
+
+class Encodes(Protocol):
+    def encode(self, texts: list[str], side: str) -> np.ndarray: ...
 
 
 def eval_signatures(paths: tuple[Path, ...] = (KOREAN_DEV, KOREAN_TESTS)) -> list[Signature]:
@@ -63,3 +70,19 @@ def written_conversations(path: Path = WRITTEN, held_out: list[Signature] | None
 def written_korean_pairs(max_context_turns: int, separator: str, path: Path = WRITTEN) -> TrainPairs:
     """Each turn after the first as the reply to up to `max_context_turns` before it."""
     return language_pairs(written_conversations(path), max_context_turns, separator, held_out=set())
+
+
+def nearest_written(
+    encoder: Encodes, rows: list[dict[str, Any]], max_turns: int = 3, path: Path = WRITTEN
+) -> np.ndarray:
+    """[N] for each evaluation conversation, its cosine to the nearest written pair: how much the
+    written file could have taught about it. Both sides as one text, turns joined by spaces,
+    as the check before commit compared them (with zero-shot e5-small)."""
+    texts = [
+        " ".join(turns[max(0, i - max_turns) : i + 1])
+        for turns in written_conversations(path)
+        for i in range(1, len(turns))
+    ]
+    written = encoder.encode(texts, side="reply")  # [W, D]
+    evaluated = encoder.encode([" ".join([*r["context"], r["reply"]]) for r in rows], side="reply")  # [N, D]
+    return np.asarray((evaluated @ written.T).max(axis=1))  # [N]

@@ -147,6 +147,8 @@ def test_korean_figures_rank_each_context_against_every_reply() -> None:
 
     assert korean_figures(encoder(vectors), rows) == {"r_at_1": 1.0, "r_at_10": 1.0, "mrr": 1.0, "candidates": 4}
     assert korean_figures(encoder(swapped), rows)["r_at_1"] == 0.5
+    far = np.array([False, True, False, True])  # the swapped second and the right fourth, of all 4 replies
+    assert korean_figures(encoder(swapped), rows, far)["far_r_at_1"] == 0.5
 
 
 def test_a_candidate_must_not_lose_korean_against_the_release_it_replaces() -> None:

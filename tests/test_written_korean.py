@@ -5,11 +5,21 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
 
 from app.core.text import Signature, near_copy
 from models.multilingual import BundleSpec
 from models.multilingual_tune import OtherLanguages, TuneConfig
-from models.written_korean import WRITTEN, eval_signatures, written_conversations, written_korean_pairs
+from models.written_korean import (
+    WRITTEN,
+    eval_signatures,
+    nearest_written,
+    written_conversations,
+    written_korean_pairs,
+)
 
 
 def test_a_conversation_with_a_near_copy_of_an_eval_line_is_dropped_whole(tmp_path: Path) -> None:
@@ -50,3 +60,19 @@ def test_only_the_flag_adds_them_to_the_korean_batches() -> None:
     assert {n: len(p) for n, p in written.pairs.items() if n != "korean"} == {
         n: len(p) for n, p in plain.pairs.items() if n != "korean"
     }
+
+
+def test_nearest_written_finds_the_eval_conversation_the_file_holds(tmp_path: Path) -> None:
+    path = tmp_path / "written.jsonl"
+    turns = ["비 온대", "우산 챙겨", "고마워"]
+    path.write_text(json.dumps({"turns": turns}, ensure_ascii=False) + "\n", encoding="utf-8")
+    rng, seen = np.random.default_rng(0), {}
+
+    def encode(texts: list[str], side: str) -> np.ndarray:  # one random unit vector per distinct text
+        vectors = np.stack([seen.setdefault(t, rng.standard_normal(64)) for t in texts])
+        return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)  # [N, 64]
+
+    # The file's pairs, as texts: "비 온대 우산 챙겨" and "비 온대 우산 챙겨 고마워".
+    rows = [{"context": ["비 온대", "우산 챙겨"], "reply": "고마워"}, {"context": ["우산 챙겨"], "reply": "고마워"}]
+    near = nearest_written(SimpleNamespace(encode=encode), rows, path=path)  # [2]
+    assert near[0] == pytest.approx(1.0) and near[1] < 0.9  # a part of a pair is not the pair
