@@ -59,7 +59,7 @@ class TuneConfig:
     # (reports/multilingual_release.md). The 6 below stay as the package has
     # them: they carry the alignment across languages.
     trained_layers: int = 6
-    # 46k pairs, under half a pass: 54 min at ~4.5 s a step on 2 CPU cores.
+    # 46k pairs, under half a pass: 54 to 77 min at 4.5 to 6.4 s a step on 2 CPU cores.
     steps: int = 720
     batch_size: int = 64
     length_group: int = 16  # as models/config.py: batches cut from length-sorted groups pad little
@@ -79,9 +79,10 @@ class TuneConfig:
     # Of those batches, this share is Korean: the language the issue's
     # held-out check is in. The rest are drawn in proportion to the square
     # root of each language's pairs (XLM-R's smoothing), so Persian's 2.5k
-    # pairs do not crowd out Swedish's 118. At 0.25, 720 steps see the 686
-    # Korean pairs about four times.
-    korean_share: float = 0.25
+    # pairs do not crowd out Swedish's 118. At 0.5, 720 steps see the 2,637
+    # Korean pairs (ChatterBot's and ours, below) about twice. At 0.25
+    # without ours (the release before), ChatterBot's 686 about four times.
+    korean_share: float = 0.5
     # A release folder whose trained layers this run starts from instead of
     # the package's: to go on training a release (with another seed, or the
     # batches would be the ones it has already seen). "": the package's.
@@ -89,9 +90,9 @@ class TuneConfig:
     # Also score each reply against the batch's contexts
     # (models/losses.py: both_ways_in_batch_negatives).
     both_ways: bool = False
-    # Add our own written Korean conversations (models/written_korean.py) to
-    # ChatterBot's Korean pairs.
-    written_korean: bool = False
+    # Add our own written Korean conversations (models/written_korean.py,
+    # 1,951 pairs) to ChatterBot's Korean pairs.
+    written_korean: bool = True
 
 
 def trained_parameter_names(model: DualEncoder, trained_layers: int) -> list[str]:
@@ -233,7 +234,12 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=TuneConfig.lr)
     parser.add_argument("--seed", type=int, default=TuneConfig.seed)
     parser.add_argument("--both-ways", action="store_true", help="also rank each reply's context among the batch's")
-    parser.add_argument("--written-korean", action="store_true", help="add models/data/korean_conversations.jsonl")
+    parser.add_argument(
+        "--written-korean",
+        action=argparse.BooleanOptionalAction,
+        default=TuneConfig.written_korean,
+        help="add models/data/korean_conversations.jsonl to ChatterBot's Korean",
+    )
     parser.add_argument("--init", type=Path, help="a release folder to start from (default: the package's layers)")
     args = parser.parse_args()
     cfg = TuneConfig(

@@ -52,9 +52,9 @@ def test_the_tracked_file_is_korean_and_shares_no_line_with_our_eval_sets() -> N
     assert hangul > 0.95 * len(lines)
 
 
-def test_only_the_flag_adds_them_to_the_korean_batches() -> None:
-    plain = OtherLanguages(TuneConfig(), BundleSpec())
-    written = OtherLanguages(TuneConfig(written_korean=True), BundleSpec())
+def test_they_join_the_korean_batches_and_no_other_language() -> None:
+    plain = OtherLanguages(TuneConfig(written_korean=False), BundleSpec())
+    written = OtherLanguages(TuneConfig(), BundleSpec())  # the release's recipe
     added = len(written.pairs["korean"]) - len(plain.pairs["korean"])
     assert added == len(written_korean_pairs(BundleSpec().max_context_turns, BundleSpec().turn_separator)) > 1000
     assert {n: len(p) for n, p in written.pairs.items() if n != "korean"} == {
