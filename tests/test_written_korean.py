@@ -1,5 +1,6 @@
 """Our written Korean conversations: cut into pairs, kept apart from our Korean
-evaluation sets, and added to ChatterBot's Korean batches only when asked."""
+evaluation sets, and added to ChatterBot's Korean batches (unless a run says
+--no-written-korean)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def test_a_conversation_with_a_near_copy_of_an_eval_line_is_dropped_whole(tmp_pa
     path = tmp_path / "written.jsonl"
     rows = [
         ["점심 뭐 먹을래?", "마라탕 어때", "좋아 12시에 보자"],
-        ["주말에 뭐 해?", "집에서 드라마 정주행할 거야!!", "뭐 보는데"],  # the eval line, up to punctuation
+        ["주말에 뭐 해?", "집에서 드라마 정주행할 거야!!", "뭐 보는데"],  # the held-out line, up to punctuation
     ]
     path.write_text("\n".join(json.dumps({"turns": t}, ensure_ascii=False) for t in rows) + "\n", encoding="utf-8")
     held_out = [Signature.of("집에서 드라마 정주행할 거야")]
@@ -44,7 +45,7 @@ def test_a_conversation_with_a_near_copy_of_an_eval_line_is_dropped_whole(tmp_pa
 def test_the_tracked_file_is_korean_and_shares_no_line_with_our_eval_sets() -> None:
     rows = [json.loads(line)["turns"] for line in WRITTEN.read_text(encoding="utf-8").splitlines() if line.strip()]
     kept = written_conversations()
-    assert len(kept) > 0.9 * len(rows) > 400  # the near-copy filter drops a few, not the file
+    assert len(kept) > 0.9 * len(rows) > 400  # checked before commit: the load-time filter finds little
     held_out = eval_signatures()
     lines = {line for turns in kept for line in turns}
     assert not any(near_copy(Signature.of(line), h) for line in lines for h in held_out)
