@@ -28,40 +28,32 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
+from app.core.encoder import Encoder
 from app.core.text import Signature, near_copy
-from models.chatterbot import language_pairs
+from models.chatterbot import held_out_lines, language_pairs
 from models.dataset import TrainPairs
-from models.evalset import KOREAN_DEV, KOREAN_TESTS, korean_rows
 
 WRITTEN = Path(__file__).resolve().parent / "data" / "korean_conversations.jsonl"
 
 
-class Encodes(Protocol):
-    def encode(self, texts: list[str], side: str) -> np.ndarray: ...
-
-
-def eval_signatures(paths: tuple[Path, ...] = (KOREAN_DEV, KOREAN_TESTS)) -> list[Signature]:
+def eval_signatures() -> list[Signature]:
     """Every line of our Korean evaluation sets, as the echo check compares them."""
-    lines = {line for path in paths for row in korean_rows(path) for line in [*row["context"], row["reply"]]}
-    return [Signature.of(line) for line in sorted(lines)]
+    return [Signature.of(line) for line in sorted(held_out_lines())]
 
 
 def written_conversations(path: Path = WRITTEN, held_out: list[Signature] | None = None) -> list[list[str]]:
     """{"turns": [...]} per line -> the turns of each conversation that shares no line with `held_out`."""
     held_out = eval_signatures() if held_out is None else held_out
-    by_words = {s.words for s in held_out}
     kept = []
     for line in path.read_text(encoding="utf-8").splitlines():
         if not line.strip():
             continue
         turns = [t.strip() for t in json.loads(line)["turns"] if t.strip()]
-        signatures = [Signature.of(t) for t in turns]
-        # The exact check first: it is a set lookup, the fuzzy one compares every pair.
-        if any(s.words in by_words or any(near_copy(s, h) for h in held_out) for s in signatures):
+        if any(near_copy(Signature.of(t), h) for t in turns for h in held_out):
             continue
         kept.append(turns)
     return kept
@@ -73,16 +65,13 @@ def written_korean_pairs(max_context_turns: int, separator: str, path: Path = WR
 
 
 def nearest_written(
-    encoder: Encodes, rows: list[dict[str, Any]], max_turns: int = 3, path: Path = WRITTEN
+    encoder: Encoder, rows: list[dict[str, Any]], max_turns: int = 3, path: Path = WRITTEN
 ) -> np.ndarray:
     """[N] for each evaluation conversation, its cosine to the nearest written pair: how much the
     written file could have taught about it. Both sides as one text, turns joined by spaces,
     as the check before commit compared them (with zero-shot e5-small)."""
-    texts = [
-        " ".join(turns[max(0, i - max_turns) : i + 1])
-        for turns in written_conversations(path)
-        for i in range(1, len(turns))
-    ]
+    pairs = written_korean_pairs(max_turns, " ", path)
+    texts = [f"{context} {reply}" for context, reply in zip(pairs.contexts, pairs.replies, strict=True)]
     written = encoder.encode(texts, side="reply")  # [W, D]
     evaluated = encoder.encode([" ".join([*r["context"], r["reply"]]) for r in rows], side="reply")  # [N, D]
     return np.asarray((evaluated @ written.T).max(axis=1))  # [N]
