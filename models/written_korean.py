@@ -53,7 +53,8 @@ def written_conversations(path: Path = WRITTEN, held_out: list[Signature] | None
         if not line.strip():
             continue
         turns = [t.strip() for t in json.loads(line)["turns"] if t.strip()]
-        if any(near_copy(Signature.of(t), h) for t in turns for h in held_out):
+        signatures = [Signature.of(t) for t in turns]
+        if any(near_copy(s, h) for s in signatures for h in held_out):
             continue
         kept.append(turns)
     return kept
