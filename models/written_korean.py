@@ -22,6 +22,16 @@ At load time a conversation is also dropped whole when any of its lines is
 a near copy of an evaluation line (app.core.text.near_copy: the same words
 up to case and punctuation, or most of them), so an edit of this file
 cannot bring one back.
+
+A second file, translated, holds six-turn windows of chitchat's train split
+(the BYU corpus, MIT): 480 drawn at random past each conversation's opening
+greetings, translated into Korean chat by language-model assistants, each
+line naming its source conversation and first turn. The same two checks
+kept 470 (2,350 pairs). Their situations are the corpus's (American
+students: classes, missions, movies, weekends), not our briefs', so they
+teach the task on conversations unlike our evaluation sets'. Only the train
+split is drawn from: the English evaluation sets stay unseen in either
+language.
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ from models.chatterbot import held_out_lines, language_pairs
 from models.dataset import TrainPairs
 
 WRITTEN = Path(__file__).resolve().parent / "data" / "korean_conversations.jsonl"
+TRANSLATED = WRITTEN.with_name("korean_translated_chitchat.jsonl")
 
 
 def eval_signatures() -> list[Signature]:

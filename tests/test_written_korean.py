@@ -1,6 +1,6 @@
-"""Our written Korean conversations: cut into pairs, kept apart from our Korean
-evaluation sets, and added to ChatterBot's Korean batches (unless a run says
---no-written-korean)."""
+"""Our written and translated Korean conversations: cut into pairs, kept apart
+from our evaluation sets, and added to ChatterBot's Korean batches (unless a
+run says --no-written-korean or --no-translated-korean)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 
 from app.core.text import Signature, near_copy
+from index.corpus import load_conversations, split_of
 from models.multilingual import BundleSpec
 from models.multilingual_tune import OtherLanguages, TuneConfig
 from models.written_korean import (
+    TRANSLATED,
     WRITTEN,
     eval_signatures,
     nearest_written,
@@ -42,9 +44,10 @@ def test_a_conversation_with_a_near_copy_of_an_eval_line_is_dropped_whole(tmp_pa
     assert pairs.replies == [*rows[0][1:], *rows[1][1:]]
 
 
-def test_the_tracked_file_is_korean_and_shares_no_line_with_our_eval_sets() -> None:
-    rows = [json.loads(line)["turns"] for line in WRITTEN.read_text(encoding="utf-8").splitlines() if line.strip()]
-    kept = written_conversations()
+@pytest.mark.parametrize("path", [WRITTEN, TRANSLATED], ids=["written", "translated"])
+def test_the_tracked_file_is_korean_and_shares_no_line_with_our_eval_sets(path: Path) -> None:
+    rows = [json.loads(line)["turns"] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    kept = written_conversations(path)
     assert len(kept) > 0.9 * len(rows) > 400  # checked before commit: the load-time filter finds little
     held_out = eval_signatures()
     lines = {line for turns in kept for line in turns}
@@ -54,11 +57,22 @@ def test_the_tracked_file_is_korean_and_shares_no_line_with_our_eval_sets() -> N
     assert hangul > 0.95 * len(lines)
 
 
+def test_the_translations_come_from_chitchats_train_split_turn_for_turn() -> None:
+    sources = {c.id: c.turns for c in load_conversations()}
+    rows = [json.loads(line) for line in TRANSLATED.read_text(encoding="utf-8").splitlines() if line.strip()]
+    assert len({(r["source"], r["start"]) for r in rows}) == len(rows)
+    for row in rows:  # a validation or test conversation here would leak the English eval into training
+        assert split_of(row["source"]) == "train"
+        assert len(sources[row["source"]][row["start"] : row["start"] + len(row["turns"])]) == len(row["turns"])
+
+
 def test_they_join_the_korean_batches_and_no_other_language() -> None:
-    plain = OtherLanguages(TuneConfig(written_korean=False), BundleSpec())
+    plain = OtherLanguages(TuneConfig(written_korean=False, translated_korean=False), BundleSpec())
     written = OtherLanguages(TuneConfig(), BundleSpec())  # the release's recipe
     added = len(written.pairs["korean"]) - len(plain.pairs["korean"])
-    assert added == len(written_korean_pairs(BundleSpec().max_context_turns, BundleSpec().turn_separator)) > 1000
+    spec = BundleSpec()
+    ours = [written_korean_pairs(spec.max_context_turns, spec.turn_separator, path) for path in (WRITTEN, TRANSLATED)]
+    assert added == sum(len(p) for p in ours) and min(len(p) for p in ours) > 1000
     assert {n: len(p) for n, p in written.pairs.items() if n != "korean"} == {
         n: len(p) for n, p in plain.pairs.items() if n != "korean"
     }
