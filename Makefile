@@ -68,7 +68,7 @@ multilingual: $(VENV)/.multilingual  ## multilingual-e5-small + our fine-tuned l
 	$(PY) -m models.multilingual --if-missing --out $(MULTILINGUAL)
 
 # The fine-tune behind those layers: the top 6 of 12 layers on the chitchat
-# pairs, ChatterBot's other languages and our written Korean (55 to 77 min
+# pairs, ChatterBot's other languages, our written and translated Korean (55 to 84 min
 # on 2 CPU cores), then the judge against zero-shot on English and our
 # Korean set; PROMOTE=1 tracks the layers if the gates pass.
 multilingual-tune: $(VENV)/.multilingual  ## fine-tune e5-small's top layers -> artifacts/multilingual-tune
