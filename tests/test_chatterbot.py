@@ -10,6 +10,7 @@ from app.core.text import normalize
 from models.chatterbot import chatterbot_pairs, held_out_lines, language_pairs
 from models.multilingual import BundleSpec
 from models.multilingual_tune import OtherLanguages, TuneConfig
+from models.written_korean import TRANSLATED, WRITTEN, written_korean_pairs
 
 
 def test_each_turn_answers_up_to_three_before_it_and_held_out_lines_stay_out() -> None:
@@ -33,7 +34,7 @@ def test_the_installed_corpus_brings_korean_and_no_line_we_judge_on() -> None:
 
 @pytest.fixture(scope="module")
 def other() -> OtherLanguages:
-    return OtherLanguages(TuneConfig(multilingual_every=4, korean_share=0.25), BundleSpec())
+    return OtherLanguages(TuneConfig(multilingual_every=4, korean_share=0.25, chatterbot=True), BundleSpec())
 
 
 def test_every_fourth_step_is_one_language_and_the_same_on_a_rerun(other: OtherLanguages) -> None:
@@ -55,3 +56,12 @@ def test_korean_takes_its_share_of_the_other_language_steps(other: OtherLanguage
 def test_english_only_reads_no_other_corpus() -> None:
     english = OtherLanguages(TuneConfig(multilingual_every=0), BundleSpec())
     assert not english.pairs and not any(english.takes(s) for s in range(100))
+
+
+def test_by_default_the_other_language_batches_are_our_korean_and_no_chatterbot() -> None:
+    """chatterbot-corpus is the out-of-domain dev set: its folders translate its English one."""
+    default = OtherLanguages(TuneConfig(), BundleSpec())
+    assert list(default.pairs) == ["korean"] and default.weights == [1.0]
+    ours = written_korean_pairs(3, " | ", WRITTEN) + written_korean_pairs(3, " | ", TRANSLATED)
+    assert default.pairs["korean"] == ours
+    assert [default.takes(s) for s in range(16)] == [False] * 7 + [True] + [False] * 7 + [True]
