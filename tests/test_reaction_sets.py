@@ -11,8 +11,9 @@ import httpx
 import numpy as np
 import pytest
 
+from app.core.bundle import REACTIONS_FILE, ReactionSpec
 from app.engine.reactions import ReactionClassifier
-from app.engine.retriever import ReactionSet
+from app.engine.retriever import Avoid, ReactionSet, reaction
 from app.engine.runtime import build_runtime
 from tests.conftest import AppFactory, settings_for
 from tests.test_admin import AUTH, TOKEN, upload
@@ -95,3 +96,25 @@ async def test_info_lists_every_reaction_set_and_when_the_fallback_answers(korea
     fallback = model["reaction_fallback"]
     assert fallback.startswith("on for conversations in Hangul script, off for others")
     assert "without letters gets none" in fallback and "sets a reply_matching threshold" in fallback
+
+
+def test_the_bundles_own_classes_answer_in_each_language_they_are_written_in(tmp_path: Path, artifacts: Path) -> None:
+    """A multilingual bundle's reaction classes with their Korean text: a Korean conversation gets the
+    Korean text of the class an English one would get, and a Japanese one gets none of them."""
+    serving = build_runtime(settings_for(artifacts)).current()
+    dim = serving.encoder.dim
+    weight = np.zeros((2, dim), np.float32)
+    classifier = ReactionClassifier(
+        ["haha", "oh no"], weight, np.array([0.0, 1.0], np.float32), "en", {"ko": ["ㅋㅋㅋ", "헐"]}
+    )
+    multilingual = replace(serving, bundle=replace(serving.bundle, language="mul"), reactions=classifier)
+    vector = np.zeros(dim, np.float32)
+    avoid = Avoid.of(["x"])
+    assert [h.text for h in reaction(multilingual, vector, 1, avoid, ["i failed my exam"])] == ["oh no"]
+    assert [h.text for h in reaction(multilingual, vector, 1, avoid, ["나 시험 망했어"])] == ["헐"]
+    assert reaction(multilingual, vector, 1, avoid, ["試験に落ちた"]) == []
+    assert multilingual.reaction_sets()[:2] == [ReactionSet("model", "en", 2), ReactionSet("model", "ko", 2)]
+    np.savez(tmp_path / REACTIONS_FILE, weight=weight, bias=np.zeros(2, np.float32))
+    spec = ReactionSpec(labels=["haha", "oh no"], coverage=0.1, translations={"ko": ["ㅋㅋㅋ"]})
+    with pytest.raises(ValueError, match="1 ko reactions for 2 classes"):
+        ReactionClassifier.load(tmp_path, spec)

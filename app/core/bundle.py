@@ -68,7 +68,9 @@ class ReactionSpec:
 
     labels: list[str]  # the text served for each class
     coverage: float  # share of train replies that fall in one of these classes
-    language: str = "en"  # BCP 47; a conversation in another language gets no reaction from this set
+    language: str = "en"  # BCP 47; a conversation in another language gets no reaction from this set...
+    # ... unless the set has the classes' text in that language: BCP 47 -> [C] texts, class for class.
+    translations: dict[str, list[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -121,6 +123,9 @@ class BundleManifest:
     query_prefix: str = ""
     passage_prefix: str = ""
     language: str = "en"  # BCP 47, or "mul" for a multilingual encoder
+    # For a "mul" bundle, the languages it was trained and gated for (BCP 47):
+    # what /info promises. Others may work; nothing measured them.
+    languages: list[str] = field(default_factory=list)
     created_at: str = ""
     format_version: int = FORMAT_VERSION
 

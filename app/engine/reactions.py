@@ -6,7 +6,7 @@ their weights ship in the bundle, so serving needs no torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -16,10 +16,13 @@ from app.core.bundle import REACTIONS_FILE, ReactionSpec
 
 @dataclass(frozen=True)
 class ReactionClassifier:
-    labels: list[str]  # [C]
+    labels: list[str]  # [C] in `language`
     weight: np.ndarray  # [C, D]
     bias: np.ndarray  # [C]
     language: str  # BCP 47: the conversations these reactions suit
+    # BCP 47 -> [C] the same classes' text in another language; a multilingual
+    # encoder puts a context near its translation, so one classifier serves both.
+    translations: dict[str, list[str]] = field(default_factory=dict)
 
     @classmethod
     def load(cls, bundle_dir: Path, spec: ReactionSpec) -> ReactionClassifier:
@@ -27,7 +30,18 @@ class ReactionClassifier:
             weight, bias = saved["weight"].astype(np.float32), saved["bias"].astype(np.float32)
         if weight.shape[0] != len(spec.labels) or bias.shape != (len(spec.labels),):
             raise ValueError(f"{REACTIONS_FILE}: {weight.shape} weights for {len(spec.labels)} labels")
-        return cls(list(spec.labels), weight, bias, spec.language)
+        for language, texts in spec.translations.items():
+            if len(texts) != len(spec.labels):
+                raise ValueError(f"{len(texts)} {language} reactions for {len(spec.labels)} classes")
+        return cls(list(spec.labels), weight, bias, spec.language, dict(spec.translations))
+
+    @property
+    def languages(self) -> list[str]:
+        return [self.language, *self.translations]
+
+    def labels_in(self, language: str) -> list[str]:
+        """[C] the classes' text in `language` (one of `languages`)."""
+        return self.labels if language == self.language else self.translations[language]
 
     def probabilities(self, contexts: np.ndarray) -> np.ndarray:
         """contexts: [N, D] -> [N, C] class probabilities."""

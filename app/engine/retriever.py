@@ -68,12 +68,17 @@ class Serving:
         scripts = [SCRIPT_OF_LANGUAGE.get(language) for language in index.reaction_languages]
         return np.array([i for i, s in enumerate(scripts) if s == script], dtype=np.int64)
 
-    def classifier_applies(self, turns: Sequence[str]) -> bool:
-        """Whether the bundle's reaction classifier speaks the conversation's language (its script, at least)."""
+    def classifier_language(self, turns: Sequence[str]) -> str | None:
+        """The language of the bundle's reactions that the conversation is written in (its script, at least)."""
         if self.reactions is None:
-            return False
+            return None
         script = self.reaction_script(turns)
-        return script is not None and script == SCRIPT_OF_LANGUAGE.get(self.reactions.language)
+        if script is None:
+            return None
+        return next((lang for lang in self.reactions.languages if SCRIPT_OF_LANGUAGE.get(lang) == script), None)
+
+    def classifier_applies(self, turns: Sequence[str]) -> bool:
+        return self.classifier_language(turns) is not None
 
     def reactions_apply(self, turns: Sequence[str]) -> bool:
         """Whether some reaction set fits the conversation: no English reaction in a Korean conversation."""
@@ -81,7 +86,8 @@ class Serving:
 
     def reaction_sets(self) -> list[ReactionSet]:
         """Every reaction set this snapshot can answer from: the model's, then those uploaded, by language."""
-        sets = [ReactionSet("model", self.reactions.language, len(self.reactions.labels))] if self.reactions else []
+        model = self.reactions.languages if self.reactions else []
+        sets = [ReactionSet("model", language, len(self.reactions.labels)) for language in model if self.reactions]
         uploaded = Counter(self.index.reaction_languages) if self.index.reaction_vectors is not None else Counter()
         return sets + [ReactionSet("upload", language, n) for language, n in sorted(uploaded.items())]
 
@@ -219,10 +225,11 @@ def reaction(serving: Serving, context_vector: np.ndarray, k: int, avoid: Avoid,
             Scored(-1, index.reaction_ids[rows[i]], index.reaction_texts[rows[i]], float(scores[i]), "reaction")
             for i in order
         ]
-    elif serving.classifier_applies(turns) and serving.reactions is not None:
+    elif (language := serving.classifier_language(turns)) is not None and serving.reactions is not None:
         classifier = serving.reactions
+        labels = classifier.labels_in(language)
         hits = [
-            Scored(-1, f"reaction:{c}", classifier.labels[c], p, "reaction")
+            Scored(-1, f"reaction:{c}", labels[c], p, "reaction")
             for c, p in classifier.top(context_vector, len(classifier.labels))
         ]
     else:

@@ -106,7 +106,13 @@ async def info(runtime: RuntimeDep) -> Info:
             "quantization": bundle.quantization,
             "max_context_turns": bundle.max_context_turns,
             "poly": asdict(bundle.poly) if bundle.poly else None,
-            "reactions": {"labels": bundle.reactions.labels, "language": bundle.reactions.language}
+            "language": bundle.language,
+            "languages": bundle.languages or [bundle.language],
+            "reactions": {
+                "labels": bundle.reactions.labels,
+                "language": bundle.reactions.language,
+                "translations": bundle.reactions.translations,
+            }
             if bundle.reactions
             else None,
             "reaction_sets": [asdict(s) for s in serving.reaction_sets()],
