@@ -13,7 +13,7 @@ import argparse
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -29,11 +29,13 @@ from app.core.bundle import (
     BundleManifest,
     PolySpec,
     Thresholds,
+    read_manifest,
     seal,
     write_manifest,
 )
 from app.core.encoder import OUTPUT_NAMES, POLY_OUTPUT, Encoder
 from models.encoder import DualEncoder, load_pretrained, minilm_path
+from models.fusion import fuse_bert
 from models.reactions import ReactionModel
 
 ONNX_OPSET = 17
@@ -66,6 +68,15 @@ class ExportConfig:
     data: dict[str, object] = field(default_factory=dict)
     poly: PolySpec | None = None  # must describe model.poly_head when it has one
     reactions: ReactionModel | None = None
+    language: str = "en"  # BCP 47, or "mul"
+    languages: list[str] = field(default_factory=list)  # what a "mul" bundle was trained and gated for
+    # ORT's transformer fusions before the int8 pass (models/fusion.py): fewer,
+    # larger ops, which is what one short query pays for. Tried first; the
+    # unfused graph is the fallback if the fused one misses parity.
+    fuse: bool = False
+    # 7 (onnxruntime's reduce_range): int16 sums on a CPU without VNNI cannot
+    # overflow. 8 only to measure what that costs or buys.
+    weight_bits: int = 7
 
 
 def _torch_outputs(model: DualEncoder, tokenizer: Tokenizer, texts: list[str]) -> list[np.ndarray]:
@@ -157,11 +168,17 @@ def export_bundle(model: DualEncoder, config: ExportConfig, bundles_root: Path, 
             # Full int8 first; if it misses parity, keep the FFN down-projections
             # (they see the GELU outliers) in fp32: +0.004 mean cosine for ~0.3 ms.
             attempts = [
-                ("int8-dynamic-per-channel", []),
-                ("int8-dynamic-per-channel, ffn-down fp32", _ffn_down_projections(fp32)),
+                ("int8-dynamic-per-channel", fp32, []),
+                ("int8-dynamic-per-channel, ffn-down fp32", fp32, _ffn_down_projections(fp32)),
             ]
-            for label, keep_fp32 in attempts:
-                _quantize(fp32, staging / ENCODER_FILE, keep_fp32)
+            if config.fuse:
+                body = model.body.config
+                layers = int(body.num_hidden_layers)
+                fusions = fuse_bert(fp32, staging / "encoder.fused.onnx", body.num_attention_heads, model.dim, layers)
+                print(f"[export] fused {fusions}")
+                attempts.insert(0, ("fused, int8-dynamic-per-channel", staging / "encoder.fused.onnx", []))
+            for label, graph, keep_fp32 in attempts:
+                _quantize(graph, staging / ENCODER_FILE, keep_fp32, reduce_range=config.weight_bits == 7)
                 manifest = _manifest(model, config, staging, label)
                 try:
                     manifest.parity = check_parity(model, staging, manifest, parity_texts, config.min_parity_cosine)
@@ -171,6 +188,7 @@ def export_bundle(model: DualEncoder, config: ExportConfig, bundles_root: Path, 
             else:
                 raise ParityError(f"no quantisation of {config.name} reached parity {config.min_parity_cosine}")
             fp32.unlink()
+            (staging / "encoder.fused.onnx").unlink(missing_ok=True)
         write_manifest(staging, manifest)
 
         if final.exists():
@@ -184,6 +202,15 @@ def export_bundle(model: DualEncoder, config: ExportConfig, bundles_root: Path, 
         f"[export] {final} ({manifest.quantization}) parity {manifest.parity} in {time.perf_counter() - started:.1f}s"
     )
     return final
+
+
+def add_reactions(bundle_dir: Path, reactions: ReactionModel) -> BundleManifest:
+    """Puts a reaction classifier fitted on the bundle's own served vectors into it, and
+    reseals: its checksum changes, so do this before any index is built with the bundle."""
+    reactions.save(bundle_dir / REACTIONS_FILE)
+    manifest = seal(bundle_dir, replace(read_manifest(bundle_dir), reactions=reactions.spec))
+    write_manifest(bundle_dir, manifest)
+    return manifest
 
 
 def _manifest(model: DualEncoder, config: ExportConfig, staging: Path, quantization: str) -> BundleManifest:
@@ -205,8 +232,10 @@ def _manifest(model: DualEncoder, config: ExportConfig, staging: Path, quantizat
         reactions=config.reactions.spec if config.reactions is not None else None,
         eval=dict(config.eval),
         servable=config.servable,
-        training=dict(config.training),
+        training={**config.training, "fuse": config.fuse, "weight_bits": config.weight_bits},
         data=dict(config.data),
+        language=config.language,
+        languages=list(config.languages),
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
     return seal(staging, draft)
