@@ -8,22 +8,26 @@ retrieval is unsure (Pingpong's third task).
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from app.core.bundle import ReactionSpec
+from app.core.encoder import Encoder
 from app.core.text import normalize
 from models.batches import Tokenise
 from models.dataset import TrainPairs
 from models.encoder import DualEncoder
+from models.reaction_classes import REACTION_CLASSES, ReactionClass
 
 _PUNCTUATION = re.compile(r"[^\w\s']+")
 _LONG_RUNS = re.compile(r"(\w)\1{2,}")  # "sooooo" -> "soo"
@@ -103,15 +107,22 @@ class ReactionModel:
 
 
 def train_classifier(
-    contexts: torch.Tensor, labels: torch.Tensor, classes: int, steps: int = 300, lr: float = 0.05
+    contexts: torch.Tensor,
+    labels: torch.Tensor,
+    classes: int,
+    steps: int = 300,
+    lr: float = 0.05,
+    sample_weight: torch.Tensor | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Softmax regression on frozen context vectors. contexts: [N, D], labels: [N] -> ([C, D], [C]).
+    sample_weight: [N], mean 1; None weighs every example alike.
 
     Full-batch: N is a few thousand, so a step is a millisecond."""
     linear = torch.nn.Linear(contexts.shape[1], classes)
     opt = torch.optim.AdamW(linear.parameters(), lr=lr, weight_decay=1e-3)
+    weight = torch.ones(len(labels)) if sample_weight is None else sample_weight
     for _ in range(steps):
-        loss = F.cross_entropy(linear(contexts), labels)  # logits [N, C]
+        loss = (F.cross_entropy(linear(contexts), labels, reduction="none") * weight).mean()  # logits [N, C]
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -143,4 +154,74 @@ def train_reactions(
         "classes": len(spec.labels),
         "coverage": spec.coverage,
         "examples": len(contexts),
+    }
+
+
+TRIGGERS = Path(__file__).resolve().parent / "data" / "reaction_triggers.jsonl"
+
+
+def class_examples(
+    pairs: TrainPairs, classes: Sequence[ReactionClass], cap: int, seed: int
+) -> tuple[list[str], list[int]]:
+    """Contexts of train pairs whose reply is an example of a class, at most `cap` a class."""
+    keys = {near_duplicate_key(reaction_key(e)): c for c, cls in enumerate(classes) for e in cls.examples}
+    found: dict[int, list[int]] = {}
+    for row, reply in enumerate(pairs.replies):
+        label = keys.get(near_duplicate_key(reaction_key(reply)))
+        if label is not None:
+            found.setdefault(label, []).append(row)
+    rng = np.random.default_rng(seed)
+    contexts, labels = [], []
+    for label, rows in sorted(found.items()):
+        for row in rng.permutation(rows)[:cap]:
+            contexts.append(pairs.contexts[int(row)])
+            labels.append(label)
+    return contexts, labels
+
+
+def trigger_examples(classes: Sequence[ReactionClass], path: Path = TRIGGERS) -> tuple[list[str], list[int]]:
+    """Our written lines that call for each class, in every language served."""
+    index = {cls.name: c for c, cls in enumerate(classes)}
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [r["text"] for r in rows], [index[r["class"]] for r in rows]
+
+
+def train_class_reactions(
+    encoder: Encoder, pairs: TrainPairs, classes: Sequence[ReactionClass] = REACTION_CLASSES, cap: int = 1500
+) -> tuple[ReactionModel, dict[str, Any]]:
+    """A classifier over the served encoder's context vectors for the fixed `classes`.
+
+    Examples: chitchat contexts whose reply is one of a class's examples, and
+    our trigger lines. Every class weighs the same in the loss, and within a
+    class the triggers weigh as much as the chitchat examples: chitchat has
+    383 "haha"s and 5 "congrats"."""
+    chat, chat_labels = class_examples(pairs, classes, cap, seed=0)
+    written, written_labels = trigger_examples(classes)
+    texts, labels = chat + written, np.array(chat_labels + written_labels)  # [N]
+    source = np.array([0] * len(chat) + [1] * len(written))  # [N] 0 chitchat, 1 trigger
+    weights = np.zeros(len(labels), dtype=np.float32)  # [N]
+    for c in range(len(classes)):
+        parts = [(labels == c) & (source == s) for s in (0, 1)]
+        present = [p for p in parts if p.any()]
+        for part in present:
+            weights[part] = 1.0 / (len(present) * part.sum())
+    weights *= len(labels) / weights.sum()
+    vectors = torch.from_numpy(encoder.encode(texts, side="context"))  # [N, D]
+    torch.manual_seed(0)
+    weight, bias = train_classifier(
+        vectors, torch.from_numpy(labels), len(classes), sample_weight=torch.from_numpy(weights)
+    )
+    languages = {language for cls in classes for language in cls.surface}
+    spec = ReactionSpec(
+        labels=[cls.surface["en"] for cls in classes],
+        coverage=round(len(chat) / max(1, len(pairs)), 4),
+        language="en",
+        translations={lang: [cls.surface[lang] for cls in classes] for lang in sorted(languages - {"en"})},
+    )
+    counts = {cls.name: int((labels == c).sum()) for c, cls in enumerate(classes)}
+    return ReactionModel(spec, weight, bias), {
+        "classes": len(classes),
+        "chitchat_examples": len(chat),
+        "trigger_examples": len(written),
+        "per_class": counts,
     }
