@@ -1,0 +1,267 @@
+"""Out-of-domain figures through the live API: what releases are gated on.
+
+    python -m bench.ood                                   # the release bundle, zero-shot MiniLM-L6, zero-shot e5
+    python -m bench.ood --bundle A --bundle B --label B="release before"
+
+For each bundle a fresh service starts with no index (its own artifacts
+folder, no Redis), and for each out-of-domain set it serves (models/ood.py):
+
+- chatterbot-corpus, English and Korean: every distinct reply of the
+  language is uploaded through the admin API (`mode=replace`) as the only
+  candidates; `/reply` is asked, for each distinct context, with
+  `strategies=["reply_matching"]` and k = 10: R@1 and R@10 per context.
+  Then once more with the default strategies: the share of turns that a
+  reaction answers.
+- the STS dev sets: `/similar` pair scores, 64 pairs a request, against the
+  gold scores: Spearman x 100.
+
+An English bundle is scored on the English sets only. Writes
+reports/ood.json (a list: one row per bundle and set, each naming the
+CPU) and reports/ood.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from scipy.stats import spearmanr
+
+from app.core.bundle import RELEASE_BUNDLE, open_bundle
+from bench.latency import cpu_description, free_port
+from bench.live_eval import wait
+from models.ood import ReplySet, available_sts, chatterbot_set, sts_set
+from models.reaction_classes import REACTION_CLASSES
+from models.reactions import near_duplicate_key, reaction_key
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKEN = "ood-bench"
+BUNDLES = Path("artifacts/bundles")
+DEFAULT_BUNDLES = (BUNDLES / "minilm-l6-zeroshot-int8", BUNDLES / "multilingual-e5-small-int8", RELEASE_BUNDLE)
+MAX_PAIRS = 64  # app.schemas.MAX_PAIRS
+
+
+@contextmanager
+def service(bundle: Path, work: Path) -> Iterator[httpx.Client]:
+    """A fresh service on `bundle` with an empty artifacts folder; yields a client with the admin token."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHITCHAT_")}
+    env.update(CHITCHAT_ARTIFACTS_DIR=str(work), CHITCHAT_BUNDLE_DIR=str(bundle), CHITCHAT_ADMIN_TOKEN=TOKEN)
+    command = [sys.executable, "-m", "uvicorn", "app.main:create_app", "--factory", "--port", str(port)]
+    server = subprocess.Popen([*command, "--log-level", "warning"], cwd=ROOT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait(f"{url}/readyz", lambda r: r.json().get("problem") not in (None, "loading"))
+        with httpx.Client(base_url=url, timeout=120, headers={"authorization": f"Bearer {TOKEN}"}) as client:
+            yield client
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def upload(client: httpx.Client, replies: list[str], language: str) -> None:
+    records = [{"reply": r, "id": f"{language}-{i}"} for i, r in enumerate(replies)]
+    job = client.post("/admin/candidates?mode=replace", json=records).raise_for_status().json()
+    for _ in range(3000):
+        state = client.get(f"/admin/jobs/{job['job_id']}").json()
+        if state["state"] in ("succeeded", "failed"):
+            break
+        time.sleep(0.2)
+    if state["state"] != "succeeded":
+        raise RuntimeError(f"upload of {len(records)} {language} replies: {state}")
+
+
+def reply_figures(client: httpx.Client, data: ReplySet) -> dict[str, Any]:
+    """R@1, R@10 (reply matching alone) and the reaction share (default strategies), per context."""
+    first = top10 = reactions = 0
+    for i, context in enumerate(data.contexts):
+        body = {"context": list(context), "k": 10, "strategies": ["reply_matching"]}
+        answer = client.post("/reply", json=body).raise_for_status().json()
+        first += data.hit(i, answer["reply"])
+        top10 += any(data.hit(i, c["text"]) for c in answer["candidates"])
+        default = client.post("/reply", json={"context": list(context)}).raise_for_status().json()
+        reactions += default["source"] == "reaction"
+    n = len(data.contexts)
+    return {
+        "r_at_1": round(first / n, 4),
+        "r_at_10": round(top10 / n, 4),
+        "reaction_share": round(reactions / n, 4),
+        "contexts": n,
+        "candidates": len(data.replies),
+    }
+
+
+LABELLED_REACTIONS = ROOT / "bench" / "data" / "reactions_labelled.jsonl"
+# Which reaction classes (models/reaction_classes.py) fit an utterance of each kind, and which contradict it.
+FITS = {
+    "good_news": {"congrats", "great", "cool", "wow"},
+    "bad_news": {"sympathy"},
+    "thanks": {"welcome"},
+    "greeting": {"hello", "how_are_you"},
+    "joke": {"laugh"},
+    "goodbye": {"bye", "good_night", "you_too"},
+}
+CONTRADICTS = {
+    "good_news": {"sympathy"},
+    "bad_news": {"laugh", "congrats", "great", "cool"},
+    "thanks": set(),
+    "greeting": {"bye", "good_night"},
+    "joke": {"sympathy"},
+    "goodbye": {"hello", "how_are_you"},
+}
+
+
+def reaction_class(text: str) -> str | None:
+    """The class a served reaction belongs to: by its surface in any language, or as one of a class's
+    chitchat examples (so an older bundle's mined "oh no" counts as sympathy); None if no class."""
+    key = near_duplicate_key(reaction_key(text))
+    for cls in REACTION_CLASSES:
+        surfaces = {near_duplicate_key(reaction_key(t)) for t in (*cls.surface.values(), *cls.examples)}
+        if key in surfaces or text in cls.surface.values():
+            return cls.name
+    return None
+
+
+def labelled_reactions(client: httpx.Client, language: str) -> dict[str, Any]:
+    """Our labelled utterances that call for a reaction: how often the reaction served fits, and contradicts."""
+    rows = [json.loads(line) for line in LABELLED_REACTIONS.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = [r for r in rows if r["language"] == language]
+    fits = contradicts = unanswered = 0
+    misses = []
+    for row in rows:
+        body = {"context": [row["text"]], "strategies": ["reaction"]}
+        response = client.post("/reply", json=body)
+        if response.status_code != 200:  # no reaction set speaks the language
+            unanswered += 1
+            continue
+        served = response.json()["reply"]
+        kind = reaction_class(served)
+        fits += kind in FITS[row["category"]]
+        contradicts += kind in CONTRADICTS[row["category"]]
+        if kind not in FITS[row["category"]]:
+            misses.append(f"{row['text']} -> {served}")
+    n = len(rows)
+    return {
+        "fits": round(fits / n, 4),
+        "contradicts": contradicts,
+        "unanswered": unanswered,
+        "utterances": n,
+        "misses": misses,
+    }
+
+
+def sts_figures(client: httpx.Client, name: str) -> dict[str, Any]:
+    data = sts_set(name)
+    scores: list[float] = []
+    for start in range(0, len(data.pairs), MAX_PAIRS):
+        chunk = [list(p) for p in data.pairs[start : start + MAX_PAIRS]]
+        scores += client.post("/similar", json={"pairs": chunk}).raise_for_status().json()["scores"]
+    rho = spearmanr(np.array(scores), np.array(data.gold)).statistic
+    return {"spearman": round(100 * float(rho), 2), "pairs": len(data.pairs)}
+
+
+def languages(bundle: Path) -> list[str]:
+    manifest = open_bundle(bundle)
+    if manifest.language != "mul":
+        return [manifest.language]
+    return list(manifest.languages) or ["en", "ko"]  # a multilingual bundle that names none: both sets
+
+
+def score(bundle: Path, label: str) -> list[dict[str, Any]]:
+    manifest = open_bundle(bundle)
+    base = {
+        "model": label,
+        "bundle": manifest.name,
+        "checksum": manifest.checksum,  # what models/release.py matches the candidate's rows by
+        "trained_on_chatterbot": trained_on_chatterbot(bundle),
+        "cpu": cpu_description(),
+    }
+    rows = []
+    with tempfile.TemporaryDirectory() as work, service(bundle, Path(work)) as client:
+        for language in languages(bundle):
+            if language not in ("en", "ko"):
+                continue
+            data = chatterbot_set(language)
+            started = time.perf_counter()
+            upload(client, data.replies, language)
+            figures = reply_figures(client, data)
+            rows.append({**base, "set": f"chatterbot-{language}", **figures})
+            print(json.dumps(rows[-1]) + f"  ({time.perf_counter() - started:.0f}s)", flush=True)
+            rows.append({**base, "set": f"reactions-labelled-{language}", **labelled_reactions(client, language)})
+            print(json.dumps(rows[-1], ensure_ascii=False), flush=True)
+            for name in available_sts():
+                if sts_set(name).language == language:
+                    rows.append({**base, "set": name, **sts_figures(client, name)})
+                    print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def trained_on_chatterbot(bundle: Path) -> bool:
+    """Whether the bundle's weights saw chatterbot-corpus (in any language): its figures here are not clean."""
+    training = open_bundle(bundle).training
+    layers = training.get("layers", {}) or training.get("teacher", {})
+    config = layers.get("source", {}).get("config", {}) if isinstance(layers.get("source"), dict) else {}
+    # Tunes before the `chatterbot` switch trained on it whenever they had other-language batches.
+    return bool(config) and bool(config.get("chatterbot", config.get("multilingual_every", 0) > 0))
+
+
+def markdown(rows: list[dict[str, Any]], cpu: str) -> str:
+    lines = [
+        "Out-of-domain sets through the live API (`python -m bench.ood`), every bundle in one run on "
+        f"{cpu}. chatterbot-corpus: every distinct reply of the language uploaded as the only candidates, "
+        "`/reply` with reply matching alone per distinct context (R@1, R@10), and with the default strategies "
+        "(reaction share). STS: Spearman x 100 of `/similar` pair scores. * trained on chatterbot-corpus "
+        "(another language folder of it): not a clean figure.",
+        "",
+        "| model | set | R@1 | R@10 | reactions | Spearman | contexts / pairs | candidates |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        mark = " *" if r["trained_on_chatterbot"] else ""
+        if "fits" in r:
+            lines.append(
+                f"| {r['model']}{mark} | {r['set']} | reaction fits {r['fits']:.1%}, contradicts {r['contradicts']}"
+                f" | | | | {r['utterances']} | |"
+            )
+        elif "spearman" in r:
+            lines.append(f"| {r['model']}{mark} | {r['set']} | | | | {r['spearman']:.1f} | {r['pairs']} | |")
+        else:
+            lines.append(
+                f"| {r['model']}{mark} | {r['set']} | {r['r_at_1']:.3f} | {r['r_at_10']:.3f} "
+                f"| {r['reaction_share']:.1%} | | {r['contexts']} | {r['candidates']} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--bundle", type=Path, action="append", help="repeatable; default: " + ", ".join(map(str, DEFAULT_BUNDLES))
+    )
+    parser.add_argument("--label", action="append", default=[], help="BUNDLE_DIR=name for the rows' model column")
+    parser.add_argument("--out", type=Path, default=ROOT / "reports")
+    args = parser.parse_args()
+    labels = dict(item.split("=", 1) for item in args.label)
+    rows: list[dict[str, Any]] = []
+    for bundle in args.bundle or [b for b in DEFAULT_BUNDLES if b.is_dir()]:
+        rows += score(bundle, labels.get(str(bundle), open_bundle(bundle).name))
+    cpu = cpu_description()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "ood.json").write_text(json.dumps(rows, indent=2, ensure_ascii=False) + "\n")
+    (args.out / "ood.md").write_text(markdown(rows, cpu))
+    print(markdown(rows, cpu))
+
+
+if __name__ == "__main__":
+    main()
