@@ -72,6 +72,11 @@ class Settings(BaseSettings):
     # answered with a reaction rather than a retrieved reply. A product call:
     # a retrieved reply that is off topic misleads, a reaction only stalls.
     reaction_share: float = Field(default=0.10, ge=0.0, le=1.0)
+    # ... held over the last this-many reply-matching turns of an index version, since a
+    # threshold fitted on chitchat holds that share on chitchat only (a set of 1k
+    # uploaded replies scores lower: more turns would fall below it). 0: the fitted
+    # threshold alone. Until 200 turns are in, the fitted threshold decides.
+    reaction_share_window: int = Field(default=2000, ge=0, le=1_000_000)
 
     max_body_bytes: int = Field(default=64 * 1024, ge=1024)
     default_k: int = Field(default=5, ge=1, le=50)

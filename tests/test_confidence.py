@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 import numpy as np
 
-from app.engine.confidence import ShareThreshold
+from app.core.bundle import ConfidenceSpec
+from app.engine.confidence import ConfidenceModel, ShareThreshold
+from app.engine.runtime import load_model, serve
+from index.store import IndexStore
+from tests.conftest import settings_for
 
 
 def test_until_warm_the_validation_threshold_holds() -> None:
@@ -34,3 +41,18 @@ def test_the_window_forgets_what_came_before() -> None:
     for _ in range(100):
         share.observe(0.1)
     assert share.threshold() == 0.1
+
+
+def test_a_served_index_version_holds_the_share_over_its_own_turns(poly_artifacts: Path) -> None:
+    """serve() gives each (bundle, index version) pair a window of its own when the bundle can react;
+    CHITCHAT_REACTION_SHARE_WINDOW=0 keeps the fitted threshold alone."""
+    settings = settings_for(poly_artifacts)
+    model = load_model(settings)
+    spec = ConfidenceSpec(["top1"], [0.5], [0.1], [1.0], 0.0, [i / 100 for i in range(101)], 0.7)
+    model = replace(model, confidence=ConfidenceModel(spec))
+    index = IndexStore(settings.indexes_root)
+    version = index.load(index.latest_for(model.bundle.checksum) or "")
+    served = serve(model, version, settings)
+    assert served.share is not None and served.share.share == 0.1 and served.share.fallback == 0.1
+    assert serve(model, version, settings.model_copy(update={"reaction_share_window": 0})).share is None
+    assert serve(replace(model, reactions=None), version, settings).share is None

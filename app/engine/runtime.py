@@ -23,7 +23,7 @@ from app.core.bundle import BundleError, BundleManifest, open_bundle
 from app.core.encoder import Encoder
 from app.engine.cache import EmbeddingCache
 from app.engine.compute import ComputePool
-from app.engine.confidence import ConfidenceModel
+from app.engine.confidence import ConfidenceModel, ShareThreshold
 from app.engine.encoding import EncoderQueue, encoder_queue
 from app.engine.kv import Guarded, open_store
 from app.engine.reactions import ReactionClassifier
@@ -135,9 +135,13 @@ def serve(model: Model, index: IndexVersion, settings: Settings) -> Serving:
         # would let one stored query answer nearly every turn: query similarity is off.
         p99 = index.manifest.profile.get("query_neighbour_p99", QUERY_SIMILARITY_OFF)
         thresholds = replace(thresholds, query_similarity=p99)
+    share = None
     if model.confidence is not None and model.reactions is not None:
         # The product setting: this share of turns, the least confident, goes to reactions.
         thresholds = replace(thresholds, reply_matching=model.confidence.threshold_for_share(settings.reaction_share))
+        if settings.reaction_share_window:
+            window = settings.reaction_share_window
+            share = ShareThreshold(settings.reaction_share, thresholds.reply_matching, window, min(200, window))
     return Serving(
         model.bundle,
         model.bundle_dir,
@@ -147,6 +151,7 @@ def serve(model: Model, index: IndexVersion, settings: Settings) -> Serving:
         model.reranker,
         model.reactions,
         model.confidence,
+        share,
     )
 
 
