@@ -37,7 +37,8 @@ class TeacherVectors:
             return cls(saved["context"], saved["reply"])
 
 
-def _encode(encoder: Encoder, texts: list[str], side: str, label: str) -> np.ndarray:
+def encode_texts(encoder: Encoder, texts: list[str], side: str, label: str) -> np.ndarray:
+    """[N, D] float16 vectors of `texts` on one side, longest-first batches, with a progress line."""
     out = np.empty((len(texts), encoder.dim), dtype=np.float16)  # [N, D]
     order = np.argsort([len(t) for t in texts], kind="stable")  # similar lengths batch with little padding
     started = time.perf_counter()
@@ -56,9 +57,9 @@ def compute(teacher_bundle: Path, pairs: TrainPairs, rows: list[int]) -> Teacher
     encoder = Encoder(teacher_bundle, open_bundle(teacher_bundle))
     unique = list(dict.fromkeys(pairs.replies[i] for i in rows))
     reply_rows = {text: i for i, text in enumerate(unique)}
-    replies = _encode(encoder, unique, "reply", "replies")  # [U, D]
+    replies = encode_texts(encoder, unique, "reply", "replies")  # [U, D]
     context = np.zeros((len(pairs), encoder.dim), dtype=np.float16)  # [N, D]
     reply = np.zeros_like(context)  # [N, D]
-    context[rows] = _encode(encoder, [pairs.contexts[i] for i in rows], "context", "contexts")
+    context[rows] = encode_texts(encoder, [pairs.contexts[i] for i in rows], "context", "contexts")
     reply[rows] = replies[[reply_rows[pairs.replies[i]] for i in rows]]
     return TeacherVectors(context, reply)
