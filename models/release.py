@@ -1,23 +1,33 @@
 """`make release`: promote a trained, calibrated and evaluated bundle into the
 release folder that git tracks and every fresh clone serves.
 
-    python -m models.release --bundle artifacts/bundles/chitchat-student-l3-int8
+    python -m models.release --bundle artifacts/bundles/e5-student-l6-int8 [--ood reports/ood.json]
 
-The bundle must check out against its own manifest, and its `make eval`
-figures must pass every gate below. A gate that fails can only be waived by
-name with a reason (`--waive rerank_gain="..."`); the waiver is written into
-the released manifest, where /info shows it. Nothing is copied unless the
-release goes through, and the copy is staged and renamed into place.
+The bundle must check out against its own manifest and pass every gate
+below, on three kinds of evidence:
+
+- its `make eval` figures (chitchat test split, 1-of-100), in its manifest;
+- `reports/ood.json` from `python -m bench.ood`: the out-of-domain sets
+  through the live API, the candidate and its baselines in one run;
+- our Korean dev set (bench/data/korean_dev.jsonl), judged here for the
+  candidate, zero-shot e5-small and the multilingual release before it.
+
+A gate that fails can only be waived by name with a reason
+(`--waive GATE=REASON`, repeatable; `make release WAIVE='GATE=REASON'`); the
+waiver is written into the released manifest, where /info shows it. Nothing
+is copied unless the release goes through, and the copy is staged and
+renamed into place.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -25,14 +35,34 @@ from typing import Any
 from app.core.bundle import MANIFEST, RELEASE_BUNDLE, BundleManifest, open_bundle, update_manifest
 
 MAX_RELEASE_BYTES = 40 * 1024 * 1024  # the release is tracked in git
+ZERO_SHOT = ("minilm-l6-zeroshot-int8", "multilingual-e5-small-int8")  # bench.ood's zero-shot baselines
+MINILM, E5 = ZERO_SHOT
+MULTILINGUAL_BEFORE = "multilingual-e5-chitchat-int8"  # the 12-layer build of the released tuned layers
+
+
+@dataclass
+class Evidence:
+    """What the gates read besides the candidate's manifest."""
+
+    ood: list[dict[str, Any]] = field(default_factory=list)  # reports/ood.json rows
+    korean: dict[str, dict[str, float]] = field(default_factory=dict)  # bundle name -> Korean dev figures
+
+    def row(self, bundle: str, kind: str, checksum: str | None = None) -> dict[str, Any] | None:
+        """The bench.ood row of `bundle` on set `kind`; the candidate's must carry its checksum."""
+        for r in self.ood:
+            if r["bundle"] == bundle and r["set"] == kind and (checksum is None or r.get("checksum") == checksum):
+                return r
+        return None
+
+
+Measure = Callable[[BundleManifest, Evidence], tuple[float | None, bool]]
 
 
 @dataclass(frozen=True)
 class Gate:
     name: str
     bar: str
-    # (value, passed) from the student's and the teacher's manifests
-    measure: Callable[[BundleManifest, BundleManifest], tuple[float | None, bool]]
+    measure: Measure
 
 
 def _figure(manifest: BundleManifest, key: str) -> float | None:
@@ -40,49 +70,132 @@ def _figure(manifest: BundleManifest, key: str) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
-def _at_least(key: str, bar: float) -> Callable[[BundleManifest, BundleManifest], tuple[float | None, bool]]:
-    def measure(student: BundleManifest, _: BundleManifest) -> tuple[float | None, bool]:
-        value = _figure(student, key)
+def _at_least(key: str, bar: float) -> Measure:
+    def measure(candidate: BundleManifest, _: Evidence) -> tuple[float | None, bool]:
+        value = _figure(candidate, key)
         return value, value is not None and value >= bar
 
     return measure
 
 
-def _teacher_gap(student: BundleManifest, teacher: BundleManifest) -> tuple[float | None, bool]:
-    s, t = _figure(student, "r_at_1"), _figure(teacher, "r_at_1")
-    if s is None or t is None:
-        return None, False
-    return round(t - s, 4), t - s <= 0.015
+def _ood(kind: str, figure: str, baseline: Callable[[Evidence], float | None], margin: float) -> Measure:
+    """The candidate's `figure` on `kind` minus the baseline's; passes at `margin` or above."""
+
+    def measure(candidate: BundleManifest, evidence: Evidence) -> tuple[float | None, bool]:
+        row = evidence.row(candidate.name, kind, candidate.checksum)
+        base = baseline(evidence)
+        if row is None or base is None:
+            return None, False
+        gap = round(float(row[figure]) - base, 4)
+        return gap, gap >= margin - 1e-9
+
+    return measure
 
 
-def _fallback_ratio(student: BundleManifest, _: BundleManifest) -> tuple[float | None, bool]:
-    handed, kept = _figure(student, "fallback_r_at_1_handed_to_reactions"), _figure(student, "fallback_r_at_1_kept")
-    if handed is None or not kept:
-        return None, False
-    return round(handed / kept, 4), handed / kept <= 0.5
+def _of(bundle: str, kind: str, figure: str) -> Callable[[Evidence], float | None]:
+    def value(evidence: Evidence) -> float | None:
+        row = evidence.row(bundle, kind)
+        return None if row is None else float(row[figure])
+
+    return value
 
 
-def _no_echo(student: BundleManifest, _: BundleManifest) -> tuple[float | None, bool]:
-    value = _figure(student, "served_echo_share")
+def _best_zero_shot(kind: str, figure: str) -> Callable[[Evidence], float | None]:
+    def value(evidence: Evidence) -> float | None:
+        found = [float(r[figure]) for name in ZERO_SHOT if (r := evidence.row(name, kind)) is not None]
+        return max(found) if found else None
+
+    return value
+
+
+def _candidate_rows(kind_prefix: str, check: Callable[[dict[str, Any]], bool], figure: str) -> Measure:
+    """Every candidate row whose set starts with `kind_prefix` passes `check`; the value is the worst `figure`."""
+
+    def measure(candidate: BundleManifest, evidence: Evidence) -> tuple[float | None, bool]:
+        rows = [
+            r
+            for r in evidence.ood
+            if r["set"].startswith(kind_prefix)
+            and r["bundle"] == candidate.name
+            and r.get("checksum") == candidate.checksum
+        ]
+        if not rows:
+            return None, False
+        worst = max(rows, key=lambda r: float(r[figure])) if figure != "fits" else min(rows, key=lambda r: r[figure])
+        return float(worst[figure]), all(check(r) for r in rows)
+
+    return measure
+
+
+def _korean(figure: str, baseline: str, margin: float) -> Measure:
+    def measure(candidate: BundleManifest, evidence: Evidence) -> tuple[float | None, bool]:
+        ours, base = evidence.korean.get(candidate.name), evidence.korean.get(baseline)
+        if ours is None or base is None:
+            return None, False
+        gap = round(ours[figure] - base[figure], 4)
+        return gap, gap >= margin - 1e-9
+
+    return measure
+
+
+def _no_echo(candidate: BundleManifest, _: Evidence) -> tuple[float | None, bool]:
+    value = _figure(candidate, "served_echo_share")
     return value, value == 0.0
 
 
-def _reaction_share(student: BundleManifest, _: BundleManifest) -> tuple[float | None, bool]:
-    share = student.calibration.get("shares", {}).get("reaction")
+def _reaction_share(candidate: BundleManifest, _: Evidence) -> tuple[float | None, bool]:
+    share = candidate.calibration.get("shares", {}).get("reaction")
     return share, isinstance(share, float) and 0.07 <= share <= 0.13
 
 
 GATES = (
-    Gate("student_r_at_1", "student int8 1-of-100 R@1 >= 0.45 (test)", _at_least("r_at_1", 0.45)),
-    Gate("teacher_gap", "teacher fp32 R@1 - student int8 R@1 <= 0.015 (test)", _teacher_gap),
-    Gate("rerank_gain", "poly rerank adds >= 0.02 R@1 (test)", _at_least("rerank_gain", 0.02)),
+    Gate("chitchat_r_at_1", "chitchat test 1-of-100 R@1 >= 0.45", _at_least("r_at_1", 0.45)),
     Gate(
-        "confidence_auroc",
-        "confidence AUROC >= 0.70 for an acceptable top reply (test)",
-        _at_least("confidence_auroc", 0.70),
+        "ood_english",
+        "chatterbot English R@1 - the best zero-shot model's (same bench.ood run) >= -0.01",
+        _ood("chatterbot-en", "r_at_1", _best_zero_shot("chatterbot-en", "r_at_1"), -0.01),
     ),
-    Gate("fallback_ratio", "R@1 on turns handed to reactions <= half the R@1 kept (test)", _fallback_ratio),
-    Gate("no_echo", "no served answer is a near copy of a context turn (test)", _no_echo),
+    Gate(
+        "ood_korean",
+        "chatterbot Korean R@1 - zero-shot e5-small's > 0",
+        _ood("chatterbot-ko", "r_at_1", _of(E5, "chatterbot-ko", "r_at_1"), 0.0001),
+    ),
+    Gate(
+        "sts_headlines",
+        "/similar Spearman on STS-15 headlines - zero-shot MiniLM-L6's >= 0",
+        _ood("sts15_headlines", "spearman", _of(MINILM, "sts15_headlines", "spearman"), 0.0),
+    ),
+    Gate(
+        "sts_images",
+        "/similar Spearman on STS-15 image captions - zero-shot MiniLM-L6's >= 0",
+        _ood("sts15_images", "spearman", _of(MINILM, "sts15_images", "spearman"), 0.0),
+    ),
+    Gate(
+        "sts_korean",
+        "/similar Spearman on KorSTS dev - the multilingual release before's >= 0",
+        _ood("korsts_dev", "spearman", _of(MULTILINGUAL_BEFORE, "korsts_dev", "spearman"), 0.0),
+    ),
+    Gate(
+        "korean_dev",
+        "our Korean dev R@1 - the multilingual release before's >= 0",
+        _korean("r_at_1", MULTILINGUAL_BEFORE, 0.0),
+    ),
+    Gate(
+        "korean_dev_far",
+        "our Korean dev R@1 on the far half - zero-shot e5-small's >= 0.08",
+        _korean("far_r_at_1", E5, 0.08),
+    ),
+    Gate(
+        "ood_reaction_share",
+        "reactions answer <= 15% of chatterbot turns (each language)",
+        _candidate_rows("chatterbot-", lambda r: r["reaction_share"] <= 0.15, "reaction_share"),
+    ),
+    Gate(
+        "reactions_fit",
+        "the reaction fits >= 90% of our labelled utterances, and contradicts none (each language)",
+        _candidate_rows("reactions-labelled-", lambda r: r["fits"] >= 0.9 and r["contradicts"] == 0, "fits"),
+    ),
+    Gate("no_echo", "no served answer is a near copy of a context turn (chitchat test)", _no_echo),
     Gate("reaction_share", "about 10% of validation turns go to reactions", _reaction_share),
 )
 
@@ -91,13 +204,13 @@ class ReleaseRefused(Exception):
     pass
 
 
-def check(student: BundleManifest, teacher: BundleManifest, waivers: dict[str, str]) -> list[dict[str, Any]]:
+def check(candidate: BundleManifest, evidence: Evidence, waivers: dict[str, str]) -> list[dict[str, Any]]:
     unknown = set(waivers) - {g.name for g in GATES}
     if unknown:
         raise ReleaseRefused(f"no such gate: {sorted(unknown)}")
     results = []
     for gate in GATES:
-        value, passed = gate.measure(student, teacher)
+        value, passed = gate.measure(candidate, evidence)
         result: dict[str, Any] = {"gate": gate.name, "bar": gate.bar, "value": value, "passed": passed}
         if not passed and gate.name in waivers:
             result["waived"] = waivers[gate.name]
@@ -105,18 +218,18 @@ def check(student: BundleManifest, teacher: BundleManifest, waivers: dict[str, s
     return results
 
 
-def promote(bundle: Path, teacher: Path, waivers: dict[str, str], target: Path = RELEASE_BUNDLE) -> BundleManifest:
+def promote(bundle: Path, evidence: Evidence, waivers: dict[str, str], target: Path = RELEASE_BUNDLE) -> BundleManifest:
     """Checks the gates, then replaces `target` with a copy of `bundle`. Raises ReleaseRefused."""
-    student = open_bundle(bundle)  # a bundle whose files do not match its manifest stops here
-    if not student.servable:
-        raise ReleaseRefused(f"{student.name} is not a servable bundle")
-    if student.confidence is None or not student.calibration:
-        raise ReleaseRefused(f"{student.name} is not calibrated: run `python -m models.calibrate` first")
-    results = check(student, open_bundle(teacher), waivers)
+    candidate = open_bundle(bundle)  # a bundle whose files do not match its manifest stops here
+    if not candidate.servable:
+        raise ReleaseRefused(f"{candidate.name} is not a servable bundle")
+    if candidate.confidence is None or not candidate.calibration:
+        raise ReleaseRefused(f"{candidate.name} is not calibrated: run `python -m models.calibrate` first")
+    results = check(candidate, evidence, waivers)
     blocking = [r for r in results if not r["passed"] and "waived" not in r]
     for r in results:
         status = "pass" if r["passed"] else ("WAIVED: " + r["waived"] if "waived" in r else "FAIL")
-        print(f"[release] {r['gate']:<18} {r['value']!s:<8} {r['bar']}: {status}")
+        print(f"[release] {r['gate']:<20} {r['value']!s:<8} {r['bar']}: {status}")
     if blocking:
         raise ReleaseRefused(f"{len(blocking)} gates failed: {', '.join(r['gate'] for r in blocking)}")
     size = sum(p.stat().st_size for p in bundle.iterdir() if p.is_file())
@@ -126,13 +239,13 @@ def promote(bundle: Path, teacher: Path, waivers: dict[str, str], target: Path =
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        for name in [*student.files, MANIFEST]:
+        for name in [*candidate.files, MANIFEST]:
             shutil.copy2(bundle / name, staging / name)
         release = {
             "released_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "from": str(bundle),
-            "teacher": {"name": open_bundle(teacher).name, "r_at_1": _figure(open_bundle(teacher), "r_at_1")},
             "gates": results,
+            "korean_dev": evidence.korean,
         }
         released = update_manifest(staging, release=release)
         open_bundle(staging)  # the copy checks out before it replaces anything
@@ -148,6 +261,25 @@ def promote(bundle: Path, teacher: Path, waivers: dict[str, str], target: Path =
     return released
 
 
+def korean_dev(candidate: Path, bundles: Path) -> dict[str, dict[str, float]]:
+    """Our Korean dev set (1-of-300) for the candidate and the Korean baselines that are built."""
+    from app.core.encoder import Encoder
+    from models.evalset import korean_rows
+    from models.multilingual_release import far_half, korean_figures
+
+    rows = korean_rows()
+    zero_shot = bundles / E5
+    if not zero_shot.is_dir():
+        return {}
+    far = far_half(zero_shot, rows)
+    found = {}
+    for path in (candidate, zero_shot, bundles / MULTILINGUAL_BEFORE):
+        if path.is_dir():
+            manifest = open_bundle(path)
+            found[manifest.name] = korean_figures(Encoder(path, manifest), rows, far)
+    return found
+
+
 def _waiver(text: str) -> tuple[str, str]:
     name, _, reason = text.partition("=")
     if not reason.strip():
@@ -157,13 +289,21 @@ def _waiver(text: str) -> tuple[str, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--bundle", type=Path, default=Path("artifacts/bundles/chitchat-student-l3-int8"))
-    parser.add_argument("--teacher", type=Path, default=Path("artifacts/bundles/chitchat-teacher-l6-fp32"))
+    parser.add_argument("--bundle", type=Path, default=Path("artifacts/bundles/e5-student-l6-int8"))
+    parser.add_argument("--ood", type=Path, default=Path("reports/ood.json"), help="python -m bench.ood's rows")
+    parser.add_argument("--bundles", type=Path, default=Path("artifacts/bundles"), help="where the baselines are")
     parser.add_argument("--target", type=Path, default=RELEASE_BUNDLE)
     parser.add_argument("--waive", type=_waiver, action="append", default=[], metavar="GATE=REASON")
+    parser.add_argument("--check", action="store_true", help="print the gates; promote nothing")
     args = parser.parse_args()
+    ood = json.loads(args.ood.read_text()) if args.ood.is_file() else []
+    evidence = Evidence(ood, korean_dev(args.bundle, args.bundles))
     try:
-        promote(args.bundle, args.teacher, dict(args.waive), args.target)
+        if args.check:
+            for r in check(open_bundle(args.bundle), evidence, dict(args.waive)):
+                print(f"[release] {r['gate']:<20} {r['value']!s:<8} {r['bar']}: {'pass' if r['passed'] else 'FAIL'}")
+            return
+        promote(args.bundle, evidence, dict(args.waive), args.target)
     except ReleaseRefused as error:
         sys.exit(f"[release] refused: {error}")
 
