@@ -67,8 +67,10 @@ def test_the_translations_come_from_chitchats_train_split_turn_for_turn() -> Non
 
 
 def test_they_join_the_korean_batches_and_no_other_language() -> None:
-    plain = OtherLanguages(TuneConfig(written_korean=False, translated_korean=False), BundleSpec())
-    written = OtherLanguages(TuneConfig(), BundleSpec())  # the release's recipe
+    # ChatterBot's languages on, so that there are other languages to leave alone.
+    plain = OtherLanguages(TuneConfig(chatterbot=True, written_korean=False, translated_korean=False), BundleSpec())
+    written = OtherLanguages(TuneConfig(chatterbot=True), BundleSpec())
+    assert OtherLanguages(TuneConfig(), BundleSpec()).names == ["korean"]  # the release's recipe: ours alone
     added = len(written.pairs["korean"]) - len(plain.pairs["korean"])
     spec = BundleSpec()
     ours = [written_korean_pairs(spec.max_context_turns, spec.turn_separator, path) for path in (WRITTEN, TRANSLATED)]
