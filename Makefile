@@ -14,7 +14,7 @@ export TRANSFORMERS_OFFLINE := 1
 PIP_INSTALL := $(PY) -m pip install --quiet --disable-pip-version-check $(if $(WHEELS),--find-links $(WHEELS))
 
 PROFILE ?= full
-STUDENT := artifacts/bundles/e5-student-l6-int8
+STUDENT := artifacts/bundles/e5-student-l9-int8
 JUDGE   := artifacts/bundles/minilm-l6-zeroshot-int8
 ZEROSHOT_E5 := artifacts/bundles/multilingual-e5-small-int8
 # The English-only MiniLM student that served before the multilingual one (`make train-minilm`).

@@ -68,6 +68,9 @@ class ExportConfig:
     data: dict[str, object] = field(default_factory=dict)
     poly: PolySpec | None = None  # must describe model.poly_head when it has one
     reactions: ReactionModel | None = None
+    # Text the encoder puts before a context / a reply (E5's "query: "); the bundle's manifest says so.
+    query_prefix: str = ""
+    passage_prefix: str = ""
     language: str = "en"  # BCP 47, or "mul"
     languages: list[str] = field(default_factory=list)  # what a "mul" bundle was trained and gated for
     # ORT's transformer fusions before the int8 pass (models/fusion.py): fewer,
@@ -234,6 +237,8 @@ def _manifest(model: DualEncoder, config: ExportConfig, staging: Path, quantizat
         servable=config.servable,
         training={**config.training, "fuse": config.fuse, "weight_bits": config.weight_bits},
         data=dict(config.data),
+        query_prefix=config.query_prefix,
+        passage_prefix=config.passage_prefix,
         language=config.language,
         languages=list(config.languages),
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
@@ -253,7 +258,7 @@ def check_parity(
     served = encoder.encode_with_poly(texts) if encoder.has_poly else (encoder.encode(texts, side="context"),)
     tokenizer = Tokenizer.from_file(str(bundle_dir / TOKENIZER_FILE))
     tokenizer.enable_truncation(max_length=manifest.max_context_tokens, direction="left")
-    reference = _torch_outputs(model, tokenizer, texts)  # [N, D], then [N, m, D]
+    reference = _torch_outputs(model, tokenizer, [manifest.query_prefix + t for t in texts])  # [N, D], [N, m, D]
     cosines = (served[0] * reference[0]).sum(axis=1)  # [N]; both sides are unit vectors
     result = {"mean_cosine": round(float(cosines.mean()), 5), "min_cosine": round(float(cosines.min()), 5)}
     if len(served) > 1:
