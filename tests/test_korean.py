@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from app.core.text import normalize
+from app.core.text import normalize, script_of
 from app.engine.cache import EmbeddingCache
 from app.engine.kv import open_store
 from app.schemas import MAX_TURN_CHARS
@@ -77,3 +77,25 @@ async def test_korean_through_uploads_sessions_and_reply(make_client: AppFactory
         too_long = await client.post("/reply", json={"context": ["가" * (MAX_TURN_CHARS + 1)]})
     assert limit.status_code == 200  # the limit counts characters, not UTF-8 bytes
     assert too_long.status_code == 422 and too_long.json()["error"]["field"] == "context.0"
+
+
+@pytest.mark.anyio
+async def test_each_conversation_is_answered_in_its_own_script_from_a_mixed_candidate_set(
+    make_client: AppFactory, tmp_path: Path
+) -> None:
+    korean = [{"reply": r["reply"]} for r in ROWS]
+    english = [{"reply": f"that sounds like a plan number {i}, tell me more"} for i in range(len(ROWS))]
+    async with make_client(artifacts_dir=tmp_path / "mixed", admin_token=TOKEN) as client:
+        job = await upload(client, korean + english, mode="replace")
+        assert job["state"] == "succeeded"
+        ask = {"strategies": ["reply_matching"], "k": 5}
+        for row in ROWS[:10]:
+            body = (await client.post("/reply", json={"context": row["context"], **ask})).json()
+            assert all(script_of([c["text"]]) == "Hangul" for c in body["candidates"]), body
+        for text in ["what did you do today?", "I'm so hungry right now"]:
+            body = (await client.post("/reply", json={"context": [text], **ask})).json()
+            assert all(script_of([c["text"]]) == "Latin" for c in body["candidates"]), body
+        # With no candidate in its script, a conversation still gets the best there is.
+        await upload(client, english, mode="replace")
+        body = (await client.post("/reply", json={"context": ["배고파 죽겠다"], **ask})).json()
+        assert script_of([body["reply"]]) == "Latin"

@@ -149,16 +149,32 @@ def _distinct(hits: list[Scored], k: int, avoid: Avoid) -> list[Scored]:
     return out
 
 
+def _in_script(hits: list[Scored], script: str | None) -> list[Scored]:
+    """The hits written in the conversation's script (or in none: "😂"), if there are any.
+
+    A multilingual encoder puts a Korean turn near its English translation, so
+    with candidates in both languages a Korean conversation could be answered
+    in English. With no hit in its script (an English-only candidate set), the
+    best hits answer as they are."""
+    if script is None:
+        return hits
+    same = [h for h in hits if script_of([h.text]) in (script, None)]
+    return same or hits
+
+
 # A few stored texts can be echoes or excluded; search this much deeper than k.
 OVERFETCH = 8
 
 
-def query_similarity(serving: Serving, query_vector: np.ndarray, k: int, avoid: Avoid, text: str) -> list[Scored]:
+def query_similarity(
+    serving: Serving, query_vector: np.ndarray, k: int, avoid: Avoid, text: str, script: str | None = None
+) -> list[Scored]:
     """Stored queries nearest to the last utterance -> the replies paired with them.
 
     `text`, the last utterance itself: a stored query equal to it once
     normalised comes first with score 1.0, the cosine of identical inputs,
-    which the 8-bit codes would blur to about 0.997."""
+    which the 8-bit codes would blur to about 0.997. `script`: the
+    conversation's, whose replies go first when there are any (`_in_script`)."""
     index = serving.index
     exact = index.query_rows_by_text.get(normalize(text), [])
     # Several stored queries can share a reply, and blocked replies are
@@ -173,7 +189,7 @@ def query_similarity(serving: Serving, query_vector: np.ndarray, k: int, avoid: 
         hits.append(
             Scored(reply_row, index.reply_ids[reply_row], index.reply_texts[reply_row], score, "query_similarity")
         )
-    return _distinct(hits, k, avoid)
+    return _distinct(_in_script(hits, script), k, avoid)
 
 
 def reply_matching(
@@ -183,13 +199,14 @@ def reply_matching(
     avoid: Avoid,
     poly_vectors: np.ndarray | None = None,
     rerank_depth: int = 50,
+    script: str | None = None,
 ) -> list[Scored]:
     """Stored replies scored directly against the whole context.
 
     context_vector: [D]. With poly_vectors ([m, D]) the FAISS top
     `rerank_depth` are rescored by the poly head before the top k are taken.
     At least `confidence.DEPTH` hits come back, for the confidence features;
-    the caller keeps k.
+    the caller keeps k. `script`: the conversation's (`_in_script`).
     """
     index = serving.index
     wanted = max(k, confidence.DEPTH)
@@ -206,7 +223,7 @@ def reply_matching(
         Scored(row, index.reply_ids[row], index.reply_texts[row], score, "reply_matching")
         for score, row in zip(scores.tolist(), rows.tolist(), strict=True)
     ]
-    return _distinct(hits, wanted, avoid)
+    return _distinct(_in_script(hits, script), wanted, avoid)
 
 
 def reaction(serving: Serving, context_vector: np.ndarray, k: int, avoid: Avoid, turns: Sequence[str]) -> list[Scored]:
@@ -275,9 +292,10 @@ def walk(serving: Serving, request: WalkRequest) -> Answer | None:
     """
     k, allowed, thresholds = request.k, request.allowed, request.thresholds
     can_react = "reaction" in allowed and serving.reactions_apply(request.window)
+    script = script_of(request.window)
     fallback: list[Scored] = []
     if "query_similarity" in allowed and request.query_vector is not None:
-        hits = query_similarity(serving, request.query_vector, k, request.avoid, request.window[-1])
+        hits = query_similarity(serving, request.query_vector, k, request.avoid, request.window[-1], script)
         if hits and hits[0].score >= thresholds.query_similarity:
             return Answer(hits[0], hits)
         fallback = hits
@@ -285,7 +303,7 @@ def walk(serving: Serving, request: WalkRequest) -> Answer | None:
     confidence = None
     vector = request.context_vector
     if "reply_matching" in allowed and vector is not None:
-        matched = reply_matching(serving, vector, k, request.avoid, request.poly_vectors, request.rerank_depth)
+        matched = reply_matching(serving, vector, k, request.avoid, request.poly_vectors, request.rerank_depth, script)
         if matched:
             threshold = thresholds.reply_matching
             if serving.confidence is not None:
