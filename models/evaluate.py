@@ -45,7 +45,7 @@ def bundle_rows(bundles_root: Path, data: EvalSet, path: Path | None, depth: int
             "examples": len(data.replies),
         }
         update_manifest(bundle_dir, eval=figures)
-        quantization = "int8" if manifest.quantization.startswith("int8") else "fp32"
+        quantization = "int8" if "int8" in manifest.quantization else "fp32"  # "fused, int8-..." too
         rows.append({"model": manifest.name, "layers": manifest.num_layers, "quantization": quantization, **figures})
         print(f"[eval] {manifest.name}: {figures} ({time.perf_counter() - started:.0f}s)")
     return rows
