@@ -1,4 +1,4 @@
-"""The release student: a 9-layer multilingual-e5-small with an English and
+"""The multilingual student: a 9-layer multilingual-e5-small with an English and
 Korean vocabulary, distilled from the tuned 12-layer e5-small and, on English,
 all-MiniLM-L6-v2.
 
