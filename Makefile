@@ -95,7 +95,7 @@ baselines: judge $(VENV)/.multilingual
 	$(PY) -m models.multilingual --if-missing
 
 # The release run, each stage resumable (rerun to continue): the teacher (e5-small's top 6
-# layers tuned on chitchat and our Korean, 240 steps, ~35 min on 2 CPU cores), the 9-layer student
+# layers tuned on chitchat and our Korean, 240 steps, ~55 min on 2 CPU cores), the 9-layer student
 # distilled from it and from MiniLM (models/e5_student.py), its index, its calibration, `make eval`.
 train: baselines  ## teacher -> student -> index -> calibrate -> eval (DEVICE=cuda to train on a GPU)
 	$(PY) -m models.multilingual_tune --steps 240 $(if $(DEVICE),--device $(DEVICE))

@@ -158,7 +158,9 @@ def _in_script(hits: list[Scored], script: str | None) -> list[Scored]:
     best hits answer as they are."""
     if script is None:
         return hits
-    same = [h for h in hits if script_of([h.text]) in (script, None)]
+    # An ASCII reply is Latin or letterless: no character-by-character look on the common path.
+    latin = script == "Latin"
+    same = [h for h in hits if (latin and h.text.isascii()) or script_of([h.text]) in (script, None)]
     return same or hits
 
 
@@ -174,7 +176,7 @@ def query_similarity(
     `text`, the last utterance itself: a stored query equal to it once
     normalised comes first with score 1.0, the cosine of identical inputs,
     which the 8-bit codes would blur to about 0.997. `script`: the
-    conversation's, whose replies go first when there are any (`_in_script`)."""
+    conversation's; replies in it are kept when there are any (`_in_script`)."""
     index = serving.index
     exact = index.query_rows_by_text.get(normalize(text), [])
     # Several stored queries can share a reply, and blocked replies are
