@@ -152,6 +152,8 @@ def _json_items(body: bytes) -> list[tuple[int, Any]]:
         parsed = json.loads(body)
     except ValueError as error:
         raise UploadError(f"body is not JSON: {error}", "body", []) from error
+    except RecursionError as error:  # json's parser recurses once per nesting level
+        raise UploadError("body is nested too deeply to be a list of records", "body", []) from error
     if isinstance(parsed, dict) and set(parsed) == {"records"}:
         parsed = parsed["records"]
     if not isinstance(parsed, list):
@@ -168,6 +170,8 @@ def _ndjson_items(body: bytes) -> tuple[list[tuple[int, Any]], list[_Invalid]]:
             items.append((number, json.loads(line)))
         except ValueError as error:
             errors.append(_Invalid(number, f"line {number}", f"invalid JSON: {error}"))
+        except RecursionError:  # json's parser recurses once per nesting level
+            errors.append(_Invalid(number, f"line {number}", "nested too deeply to be a record"))
     return items, errors
 
 
