@@ -10,7 +10,8 @@ that reads or writes a version's files.
         candidates.json.gz     reply ids and texts, query texts, query -> reply rows
         records.jsonl.gz       the candidate records it was built from, whole: a rollback restores them
         reactions.faiss        the vectors of reactions the upload brought, if any (exact search: a few dozen)
-      .staging-*/              a build in progress; removed at the next start
+      .staging-*/              a build in progress, with an OWNER file naming its process;
+                               removed once that process is gone (`remove_staging`)
 
 A version is written into a staging directory, fsynced and renamed into place,
 so a reader sees either the whole version or none of it. The vectors live in
@@ -22,8 +23,12 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import shutil
+import socket
 import tempfile
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -45,6 +50,23 @@ REACTION_INDEX = "reactions.faiss"  # only when the upload brought reactions
 # Text compresses about 3:1 and is read once per load: gzip keeps a version of ~100k candidates under 150 MB.
 TABLES = "candidates.json.gz"
 RECORDS = "records.jsonl.gz"
+OWNER = "OWNER"  # in a staging directory: {"host", "pid", "started"} of the process writing it
+# What `index.build` names a version: v<UTC time to the microsecond>-<6 hex>. A name from
+# elsewhere (a pub/sub message, the pointer file) becomes a path only if it matches.
+VERSION_NAME = re.compile(r"v\d{8}T\d{12}-[0-9a-f]{6}")
+# Another host's staging directory untouched this long is abandoned: a build takes minutes, and a
+# process on another host cannot be asked whether it is alive.
+STAGING_ABANDONED_S = 3600
+
+
+class BadVersion(ValueError):
+    """A version name that is not one `index.build` writes."""
+
+
+def check_version(name: str) -> str:
+    if not VERSION_NAME.fullmatch(name):
+        raise BadVersion(f"not an index version name: {name[:80]!r}")
+    return name
 
 
 @dataclass
@@ -131,28 +153,37 @@ class IndexStore:
         self.root = root
 
     def path(self, version: str) -> Path:
-        return self.root / version
+        return self.root / check_version(version)
 
     def versions(self) -> list[str]:
         """Committed versions, oldest first (names sort by creation time)."""
         if not self.root.is_dir():
             return []
-        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and (p / MANIFEST).is_file())
+        return sorted(
+            p.name
+            for p in self.root.iterdir()
+            if VERSION_NAME.fullmatch(p.name) and p.is_dir() and (p / MANIFEST).is_file()
+        )
 
     def manifest(self, version: str) -> IndexManifest:
         return IndexManifest.from_dict(json.loads((self.path(version) / MANIFEST).read_text()))
 
     def current(self) -> str | None:
+        """The serving version: the one pointer every replica follows (Redis only announces changes)."""
         pointer = self.root / POINTER
-        if not pointer.is_file():
+        try:
+            version = pointer.read_text().strip()
+        except FileNotFoundError:
             return None
-        version = pointer.read_text().strip()
+        if not VERSION_NAME.fullmatch(version):
+            return None
         return version if (self.path(version) / MANIFEST).is_file() else None
 
     def set_current(self, version: str) -> None:
         if not (self.path(version) / MANIFEST).is_file():
             raise FileNotFoundError(f"no committed index version {version!r}")
-        tmp = self.root / f".{POINTER}.{os.getpid()}"
+        # A temporary name of this thread's own: two threads (a reindex, a rollback) never share one.
+        tmp = self.root / f".{POINTER}.{os.getpid()}.{threading.get_ident()}"
         tmp.write_text(version + "\n")
         os.replace(tmp, self.root / POINTER)
 
@@ -165,10 +196,15 @@ class IndexStore:
         return matching[-1] if matching else None
 
     def stage(self) -> Path:
+        """A staging directory tagged with this process, so that no other replica removes it while it builds."""
         self.root.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=self.root))
+        staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=self.root))
+        owner = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+        (staging / OWNER).write_text(json.dumps(owner))
+        return staging
 
     def commit(self, staging: Path, manifest: IndexManifest) -> Path:
+        (staging / OWNER).unlink(missing_ok=True)
         (staging / MANIFEST).write_text(json.dumps(asdict(manifest), indent=2) + "\n")
         _fsync_tree(staging)
         final = self.path(manifest.version)
@@ -177,11 +213,12 @@ class IndexStore:
         return final
 
     def remove_staging(self) -> list[str]:
-        """Leftovers of builds that crashed; they were never visible to readers."""
+        """Leftovers of builds whose process is gone; they were never visible to readers.
+        A build another live process (a replica, `make index`) is writing is left alone."""
         removed = []
         if self.root.is_dir():
             for p in self.root.iterdir():
-                if p.name.startswith(STAGING_PREFIX):
+                if p.name.startswith(STAGING_PREFIX) and p.is_dir() and _abandoned(p):
                     shutil.rmtree(p, ignore_errors=True)
                     removed.append(p.name)
         return removed
@@ -246,6 +283,34 @@ class IndexStore:
             reaction_vectors=ann.vectors_of(faiss.read_index(str(reactions))) if reactions.is_file() else None,
             query_rows_by_text=_rows_by_text(tables.query_texts),
         )
+
+
+def _abandoned(staging: Path) -> bool:
+    """On this host: its process has exited. Elsewhere (or untagged, from before owners were
+    written, or just created and not yet tagged): untouched for STAGING_ABANDONED_S."""
+    try:
+        owner = json.loads((staging / OWNER).read_text())
+        if owner.get("host") == socket.gethostname():
+            return not _alive(int(owner["pid"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    try:
+        touched = max([staging.stat().st_mtime, *(f.stat().st_mtime for f in staging.iterdir())])
+    except OSError:  # removed by its owner meanwhile
+        return False
+    return time.time() - touched > STAGING_ABANDONED_S
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
 
 
 def _rows_by_text(texts: list[str]) -> dict[str, list[int]]:
