@@ -9,7 +9,16 @@ from dataclasses import dataclass
 import redis
 
 from app.config import Settings
-from app.engine.jobs import FileJobStore, JobStore, Lock, ProcessLock, RedisJobStore, RedisLock, fail_interrupted
+from app.engine.jobs import (
+    FINISHING_GRACE_S,
+    FileJobStore,
+    JobStore,
+    Lock,
+    ProcessLock,
+    RedisJobStore,
+    RedisLock,
+    fail_dead,
+)
 from app.engine.reindex import Reindexer
 from app.engine.replicas import Publisher, replica_id
 from app.engine.runtime import Runtime
@@ -29,6 +38,14 @@ class Admin:
     client: redis.Redis | None
     origin: str  # this replica's id on the update channel
 
+    def sweep(self) -> None:
+        """Marks failed the active jobs whose process is gone, before someone reads them as running."""
+        try:
+            for job_id in fail_dead(self.jobs, self.reindexer.lock):
+                log.warning("reindex job %s was interrupted (its process is gone); marked failed", job_id)
+        except Exception as error:  # a bad job record or a Redis blip must not fail the read
+            log.warning("could not check for interrupted jobs: %s", error)
+
     def close(self) -> None:
         if self.client is not None:
             self.client.close()
@@ -47,11 +64,17 @@ def build_admin(settings: Settings, runtime: Runtime) -> Admin:
     else:
         candidates = FileCandidateStore(settings.artifacts_dir / "candidates.jsonl")
         jobs, lock = FileJobStore(settings.artifacts_dir / "jobs"), ProcessLock()
-    try:
-        for job_id in fail_interrupted(jobs, lock):
-            log.warning("reindex job %s was interrupted by a restart; marked failed", job_id)
-    except Exception as error:  # a bad job record must not stop the replica from starting
-        log.warning("could not check for interrupted jobs: %s", error)
     origin = replica_id()
     reindexer = Reindexer(runtime, candidates, jobs, lock, Publisher(client, origin))
-    return Admin(reindexer, jobs, candidates, client, origin)
+    admin = Admin(reindexer, jobs, candidates, client, origin)
+    try:
+        # Without Redis this is the only process, just started: every active job is dead. With
+        # it, a job is alive while its token holds the lock, whichever replica or host runs it.
+        for job_id in fail_dead(jobs, lock, grace_s=0 if client is None else FINISHING_GRACE_S):
+            log.warning("reindex job %s was interrupted (its process is gone); marked failed", job_id)
+    except Exception as error:  # a bad job record must not stop the replica from starting
+        log.warning("could not check for interrupted jobs: %s", error)
+    # Builds whose process is gone; a build another replica is writing is left alone.
+    for leftover in runtime.store.remove_staging():
+        log.warning("removed %s: an index build whose process is gone", leftover)
+    return admin

@@ -21,8 +21,13 @@ class Settings(BaseSettings):
     # multilingual one) is served by pointing this at its directory.
     bundle_dir: Path = RELEASE_BUNDLE
 
-    # Unset: in-process session store and cache, the single-machine default.
+    # Unset: in-process session store and cache, the single-machine default. Sessions, the
+    # candidate store, jobs and the reindex lock live here: an instance that never evicts.
     redis_url: str | None = None
+    # The embedding cache's Redis: an instance with a maxmemory and an LRU eviction policy
+    # (docker-compose.yml runs both). Unset: the cache shares redis_url, which then must
+    # have the room for it, since state must never be evicted to make some.
+    cache_redis_url: str | None = None
     # Every Redis call gives up after this, and the failure bypasses Redis, sessions
     # included. On a busy event loop the timer also counts the loop's own lag: at 50 ms
     # a healthy Redis "timed out" under chaos scenario 11's load, and the bypass lost
@@ -33,6 +38,8 @@ class Settings(BaseSettings):
     redis_retry_after_s: float = Field(default=2.0, ge=0.1, le=600)
 
     session_ttl_s: int = Field(default=3600, ge=1)
+    # Sessions the in-process store keeps without Redis, least recently used dropped first.
+    session_local_entries: int = Field(default=100_000, ge=1)
     # Turns kept per session (user and bot turns both count).
     session_max_turns: int = Field(default=10, ge=1, le=100)
     # A session never gets any of the bot's last N replies again.
@@ -77,6 +84,10 @@ class Settings(BaseSettings):
     # uploaded replies scores lower: more turns would fall below it). 0: the fitted
     # threshold alone. Until 200 turns are in, the fitted threshold decides.
     reaction_share_window: int = Field(default=2000, ge=0, le=1_000_000)
+
+    # Every replica looks this often at the pointer file (indexes/CURRENT) and serves the version it
+    # names; a Redis message makes it look at once. A missed message costs at most this long.
+    index_poll_s: float = Field(default=2.0, ge=0.1, le=60.0)
 
     max_body_bytes: int = Field(default=64 * 1024, ge=1024)
     default_k: int = Field(default=5, ge=1, le=50)

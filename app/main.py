@@ -48,10 +48,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             restore()
             loading.cancel()
             await asyncio.gather(loading, return_exceptions=True)
-            listener = getattr(app.state, "listener", None)
-            if listener is not None:
-                listener.cancel()
-                await asyncio.wait({listener}, timeout=3)  # shutdown must not hang on Redis
+            background = [t for t in getattr(app.state, "followers", ()) if t is not None]
+            for task in background:
+                task.cancel()
+            if background:
+                await asyncio.wait(background, timeout=3)  # shutdown must not hang on Redis
             if getattr(app.state, "admin", None) is not None:
                 app.state.admin.close()
             if app.state.runtime is not None:
@@ -97,8 +98,11 @@ async def _load(app: FastAPI, settings: Settings) -> None:
         await runtime.close()  # never reaches app.state, so the lifespan would not close it
         raise
     app.state.runtime = runtime
+    follower = replicas.Follower(runtime, settings.index_poll_s)
+    app.state.followers = [asyncio.create_task(follower.run(), name="follow-index-pointer")]
     if settings.redis_url:
-        app.state.listener = asyncio.create_task(replicas.listen(runtime, settings.redis_url, app.state.admin.origin))
+        listener = replicas.listen(follower, settings.redis_url, app.state.admin.origin)
+        app.state.followers.append(asyncio.create_task(listener, name="index-updates"))
 
 
 def _load_done(app: FastAPI, task: asyncio.Task[None]) -> None:

@@ -8,6 +8,7 @@ os.replace), so a reader never sees half an upload.
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -54,7 +55,7 @@ class RedisCandidateStore:
 
     def replace(self, candidates: Iterable[Candidate]) -> None:
         """Written under a temporary key, then renamed over the live one."""
-        staging = f"{REDIS_KEY}:staging:{os.getpid()}"
+        staging = f"{REDIS_KEY}:staging:{uuid.uuid4().hex}"  # pids repeat across containers
         self.client.delete(staging)
         batch: dict[str, str] = {}
         for c in candidates:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import socket
+import subprocess
 from collections.abc import AsyncIterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +18,7 @@ import redis
 
 from app.core import encoder as encoder_module
 from app.engine.jobs import FileJobStore, Job, RedisLock
-from index.store import IndexStore
+from index.store import OWNER, IndexStore
 from tests.conftest import REDIS_URL, AppFactory
 
 pytestmark = pytest.mark.anyio
@@ -212,7 +215,7 @@ async def test_rollback_serves_the_previous_version(admin_client: httpx.AsyncCli
     first = await version_of(admin_client)
     job = await upload(admin_client, [{"reply": "new!", "query": "what's new?"}])
     response = await admin_client.post("/admin/rollback", headers=AUTH)
-    assert response.json() == {"from": job["version"], "to": first}
+    assert response.json() == {"from": job["version"], "to": first, "after_swap": {"publish": "done", "prune": "done"}}
     assert await version_of(admin_client) == first
     assert (await admin_client.post("/admin/rollback", headers=AUTH)).status_code == 409  # nothing older
     # The candidate store went back too: the next upload builds on what is served, not on what was rolled back.
@@ -230,8 +233,10 @@ async def test_a_crash_mid_build_leaves_the_current_version_and_fails_the_job(
 ) -> None:
     store = IndexStore(own_artifacts / "indexes")
     serving = store.current()
-    staging = store.stage()  # what a build that died halfway leaves behind
+    staging = store.stage()  # what a build that died halfway leaves behind ...
     (staging / "replies.faiss").write_bytes(b"partial")
+    (staging / OWNER).write_text(json.dumps({"host": socket.gethostname(), "pid": dead_pid()}))  # ... its process gone
+    live = store.stage()  # and one this process (another replica, say) is still writing
     FileJobStore(own_artifacts / "jobs").save(Job(id="deadbeef", mode="append", state="running", stage="encode"))
 
     async with make_client(artifacts_dir=own_artifacts, admin_token=TOKEN) as client:
@@ -239,6 +244,28 @@ async def test_a_crash_mid_build_leaves_the_current_version_and_fails_the_job(
         job = (await client.get("/admin/jobs/deadbeef", headers=AUTH)).json()
         assert job["state"] == "failed" and "interrupted" in job["error"]
     assert not staging.exists()
+    assert live.exists()
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+async def test_a_deeply_nested_upload_is_a_422_naming_the_line(admin_client: httpx.AsyncClient) -> None:
+    nested = b"[" * 5000 + b"]" * 5000
+    ndjson = b'{"reply": "fine"}\n' + nested + b"\n"
+    response = await admin_client.post(
+        "/admin/candidates", content=ndjson, headers={**AUTH, "content-type": "application/x-ndjson"}
+    )
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["field"] == "line 2"
+    response = await admin_client.post(
+        "/admin/candidates", content=nested, headers={**AUTH, "content-type": "application/json"}
+    )
+    assert response.status_code == 422 and response.json()["error"]["field"] == "body", response.text
 
 
 async def test_reindex_under_load_never_errors_and_each_reply_has_one_version(admin_client: httpx.AsyncClient) -> None:
@@ -432,23 +459,67 @@ async def test_an_upload_shows_in_the_job_list(admin_client: httpx.AsyncClient) 
     assert jobs == [job]
 
 
-async def test_a_replica_restarted_within_the_lock_ttl_fails_its_earlier_job_and_takes_uploads(
+async def test_a_job_whose_lock_expired_is_failed_and_uploads_are_taken(
     make_client: AppFactory, own_artifacts: Path, clean_redis: redis.Redis
 ) -> None:
-    from app.engine.jobs import LOCK_KEY, THIS_PROCESS, Owner, RedisJobStore
+    from app.engine.jobs import LOCK_KEY, RedisJobStore
 
-    earlier_boot = Owner(THIS_PROCESS.replica, "killed-boot")
-    job = Job.new("append", owner=earlier_boot)
+    job = Job.new("append")  # this host's, as another process's would be
     job.state, job.stage = "running", "encode"
     RedisJobStore(clean_redis).save(job)
-    assert RedisLock(clean_redis).acquire(job.token)  # still held: the TTL has not run out
+    clean_redis.set(f"job:{job.id}", json.dumps({**asdict(job), "updated_at": 0.0}))  # its last news, long ago
+    assert RedisLock(clean_redis).acquire(job.token)
     async with make_client(artifacts_dir=own_artifacts, admin_token=TOKEN, redis_url=REDIS_URL) as client:
         found = (await client.get(f"/admin/jobs/{job.id}", headers=AUTH)).json()
+        assert found["state"] == "running"  # its token holds the lock: alive, whatever its host
+        response = await client.post("/admin/candidates", json=[{"reply": "too soon"}], headers=AUTH)
+        assert response.status_code == 409, response.text
+        clean_redis.delete(LOCK_KEY)  # the TTL runs out: nobody renewed it
+        found = (await client.get(f"/admin/jobs/{job.id}", headers=AUTH)).json()
         assert found["state"] == "failed" and "interrupted" in found["error"]
-        assert clean_redis.get(LOCK_KEY) is None
         response = await client.post("/admin/candidates", json=[{"reply": "after the restart"}], headers=AUTH)
-        assert response.status_code == 202, response.text  # not 409 for the rest of the TTL
+        assert response.status_code == 202, response.text
         assert (await wait_for(client, response.json()["job_id"]))["state"] == "succeeded"
+
+
+async def test_a_replica_follows_the_pointer_without_a_message(make_client: AppFactory, own_artifacts: Path) -> None:
+    """The pointer file is the one owner of what serves: with no message at all (here no Redis, so no
+    channel; in production a publish lost to a Redis blip) a replica on the same volume follows it."""
+    settings = {"artifacts_dir": own_artifacts, "admin_token": TOKEN, "index_poll_s": 0.1}
+    async with make_client(**settings) as replica_a, make_client(**settings) as replica_b:
+        job = await upload(replica_a, [{"reply": "found at the pointer", "query": "did you poll?"}])
+        assert job["state"] == "succeeded" and job["report"]["after_swap"] == {"publish": "done", "prune": "done"}
+        for _ in range(100):
+            if await version_of(replica_b) == job["version"]:
+                break
+            await asyncio.sleep(0.05)
+        assert await version_of(replica_b) == job["version"]
+        rolled = (await replica_b.post("/admin/rollback", headers=AUTH)).json()
+        assert rolled["from"] == job["version"] and rolled["to"] == job["previous_version"]
+        for _ in range(100):
+            if await version_of(replica_a) == rolled["to"]:
+                break
+            await asyncio.sleep(0.05)
+        assert await version_of(replica_a) == rolled["to"]
+
+
+async def test_an_update_message_is_checked_and_never_becomes_a_path(
+    make_client: AppFactory, own_artifacts: Path, clean_redis: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    from app.engine.replicas import CHANNEL
+
+    settings = {"artifacts_dir": own_artifacts, "admin_token": TOKEN, "redis_url": REDIS_URL}
+    async with make_client(**settings) as client:
+        before = await version_of(client)
+        await asyncio.sleep(0.3)  # subscribed
+        for version in ("../../etc", "v20990101T000000000000-abcdef", "not json at all"):
+            body = version if version.startswith("not") else json.dumps({"version": version, "origin": "x"})
+            clean_redis.publish(CHANNEL, body)
+        await asyncio.sleep(1.5)
+        assert await version_of(client) == before
+    logged = caplog.text
+    assert "ignored an index update naming '../../etc'" in logged
+    assert "ignored an index update that is not" in logged
 
 
 async def test_a_load_that_raises_is_logged_and_kept_for_readiness(

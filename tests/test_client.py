@@ -277,7 +277,11 @@ def test_sync_upload_streams_a_file_waits_and_rolls_back(
 
         rolled = client.rollback()
         assert (rolled.from_version, rolled.to_version) == (job.version, first)
-        assert rolled.model_dump(by_alias=True) == {"from": job.version, "to": first}
+        assert rolled.model_dump(by_alias=True) == {
+            "from": job.version,
+            "to": first,
+            "after_swap": {"publish": "done", "prune": "done"},
+        }
         assert client.reply(["do you like tacos?"]).index_version == first
 
 

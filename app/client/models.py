@@ -146,3 +146,5 @@ class RollbackResult(_Model):
 
     from_version: str = Field(alias="from")
     to_version: str = Field(alias="to")
+    # "publish" and "prune", each "done" or "failed: ...": the rollback serves either way.
+    after_swap: dict[str, str] = Field(default_factory=dict)

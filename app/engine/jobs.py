@@ -1,16 +1,17 @@
 """Reindex jobs and the one-at-a-time lock, in Redis or, without it, on disk
 and in process.
 
-A job that was queued or running when its process died is marked failed at
-the next start: in Redis once no live process holds its lock, on disk always
-(without Redis there is only one process). The lock token names the job's
-owner, its replica and that replica's boot, so a replica restarted before the
-lock's TTL ran out still recognises its own earlier boot's job as dead, while
-another replica's live job is left alone.
+A job is alive exactly while its token holds the lock: the holder renews it
+every few seconds, so a process that dies frees it within LOCK_TTL_S. An
+active job whose token does not hold the lock is dead, and the next look at
+the jobs (a start, an upload, a listing) marks it failed. Nothing here asks
+a hostname or a pid: two replicas on one host, or two containers that share
+a hostname, never read each other as dead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -26,16 +27,18 @@ import redis
 JobState = Literal["queued", "running", "succeeded", "failed"]
 JOB_TTL_S = 7 * 24 * 3600
 LOCK_KEY = "reindex:lock"
-LOCK_TTL_S = 30  # a crashed holder frees the lock this fast; a live one renews it
+LOCK_TTL_S = 15  # a crashed holder frees the lock this fast; a live one renews it
+LOCK_RENEW_S = 3  # well inside the TTL: a Redis pause of a few seconds costs no lock
+# An active job that lost (or released) the lock this recently may be saving its final
+# state: the holder releases the lock first, so that a client that sees it done can upload.
+FINISHING_GRACE_S = 10
 RECENT_KEY = "jobs:recent"  # every job id, scored by creation time: the listing's order
 
 
 @dataclass(frozen=True)
 class Owner:
-    """Who runs a job. `replica` outlives a restart (a container keeps its
-    hostname when it restarts), `boot` does not: a job of this replica from
-    another boot was running in a process that is gone. So replicas sharing
-    one Redis need distinct hostnames, as separate containers have."""
+    """Who runs a job, for people reading it: the host and this process's boot.
+    Liveness is the lock's business, not this."""
 
     replica: str
     boot: str
@@ -155,6 +158,22 @@ class FileJobStore:
         tmp = self.root / f".{job.id}.tmp"
         tmp.write_text(json.dumps(asdict(job)))
         os.replace(tmp, self.root / f"{job.id}.json")
+        if not job.active:
+            self.expire()
+
+    def expire(self, ttl_s: float = JOB_TTL_S) -> int:
+        """Removes finished jobs older than the TTL, as Redis expires its records. Returns how many."""
+        removed = 0
+        cutoff = time.time() - ttl_s
+        for path in self.root.glob("*.json"):
+            try:
+                job = Job.from_json(path.read_text())
+            except (OSError, ValueError, TypeError):
+                continue
+            if not job.active and job.updated_at < cutoff:
+                path.unlink(missing_ok=True)
+                removed += 1
+        return removed
 
     def get(self, job_id: str) -> Job | None:
         path = self.root / f"{job_id}.json"
@@ -239,19 +258,54 @@ class ProcessLock:
         return self._token
 
 
-def fail_interrupted(jobs: JobStore, lock: Lock, me: Owner = THIS_PROCESS) -> list[str]:
-    """At startup: marks failed every active job that no live process runs, and
-    frees the lock if an earlier boot of this replica still holds it."""
+def fail_dead(jobs: JobStore, lock: Lock, grace_s: float = FINISHING_GRACE_S) -> list[str]:
+    """Marks failed every active job whose token does not hold the lock (and has not for
+    `grace_s`): the process running it is gone. Returns their ids.
+
+    At a start without Redis, `grace_s=0`: there is only this process, and it just started."""
     failed = []
     holder = lock.holder()
     for job in jobs.active():
-        if job.token == holder:
-            owner = Owner.parse(job.owner)
-            if owner is None or owner.replica != me.replica or owner.boot == me.boot:
-                continue  # another replica's (or this process's own): alive as far as anyone here knows
-            # This replica restarted within the lock's TTL: the boot that held it is gone.
-            lock.release(job.token)
+        if job.token == holder or time.time() - job.updated_at < grace_s:
+            continue
         job.state, job.error = "failed", "interrupted: the process running it stopped"
         jobs.save(job)
         failed.append(job.id)
     return failed
+
+
+class Renewer:
+    """Holds the lock for one token: acquired, renewed in a thread every LOCK_RENEW_S, released.
+
+    `lost` is set when a renewal finds another holder; the work checks it before it changes
+    what serves. A failed renewal (Redis away) is not a loss: the TTL covers a short outage."""
+
+    def __init__(self, lock: Lock, token: str) -> None:
+        self.lock = lock
+        self.token = token
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+
+    def acquire(self) -> bool:
+        if not self.lock.acquire(self.token):
+            return False
+        threading.Thread(target=self._renew, name=f"renew-{self.token[:16]}", daemon=True).start()
+        return True
+
+    def _renew(self) -> None:
+        while not self._stop.wait(LOCK_RENEW_S):
+            try:
+                if not self.lock.renew(self.token):
+                    self.lost.set()
+                    return
+            except Exception:  # a Redis blip must not end the holder's work; the TTL covers it
+                continue
+
+    def still_held(self) -> bool:
+        """Asks the lock itself, once more, before a change that only the holder may make."""
+        return not self.lost.is_set() and self.lock.renew(self.token)
+
+    def release(self) -> None:
+        self._stop.set()
+        with contextlib.suppress(Exception):  # Redis away: the TTL frees it
+            self.lock.release(self.token)

@@ -4,6 +4,11 @@ A job runs in a background thread at lower CPU priority (nice 10, inherited
 by its encoder's threads), so live requests keep most of the machine. Nothing is written to the
 candidate store or the current-version pointer until the new version has been
 built and validated; a failed job changes nothing that serves.
+
+The swap is the job's last step that can fail it. Telling the other replicas
+and pruning old versions come after; their failures are reported in the job
+(`report["after_swap"]`) and do not fail it: the new version serves, and the
+other replicas find it at the pointer within seconds (`replicas.Follower`).
 """
 
 from __future__ import annotations
@@ -16,21 +21,25 @@ import os
 import shutil
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
-from app.engine.jobs import Job, JobStore, Lock
-from app.engine.retriever import Serving
+from app.engine.jobs import THIS_PROCESS, Job, JobStore, Lock, Renewer, fail_dead
 from app.engine.runtime import Runtime
 from app.engine.stats import Buckets
 from index.build import build_version
 from index.candidates import RECORD_LINES, CandidateStore, apply, duplicates
 from index.records import Candidate
+from index.store import IndexStore
 
 log = logging.getLogger(__name__)
 
 KEEP_VERSIONS = 3  # the serving one, the rollback target, and one more
 BACKGROUND_NICE = 10  # Linux: per-thread niceness; inherited by threads it starts
+# A job's final state is retried this long: unsaved, the job would read as running,
+# then as interrupted, whatever really happened.
+FINAL_SAVE_S = 120
 
 
 class Busy(Exception):
@@ -59,25 +68,36 @@ class Reindexer:
         job.counts = {"uploaded": len(upload)}
         job.report = dict(report or {})
         lines = job.report.pop(RECORD_LINES, None)  # a line per record: too big to keep in the job
-        if not self.lock.acquire(job.token):
-            raise Busy(f"reindex job {self.lock.holder()} is running")
+        holding = self.claim(job.token)
         try:
             self.jobs.save(job)
-            threading.Thread(target=self._run, args=(job, upload, lines), name=f"reindex-{job.id}", daemon=True).start()
+            threading.Thread(
+                target=self._run, args=(job, holding, upload, lines), name=f"reindex-{job.id}", daemon=True
+            ).start()
         except BaseException:
-            self.lock.release(job.token)
+            holding.release()
             raise
         return job
 
-    def _run(self, job: Job, upload: list[Candidate], lines: list[int] | None = None) -> None:
+    def claim(self, token: str) -> Renewer:
+        """The lock, held and renewed, or Busy. Whatever job was active before is now known dead."""
+        holding = Renewer(self.lock, token)
+        if not holding.acquire():
+            raise Busy(f"reindex job {self.lock.holder()} is running")
+        try:
+            for job_id in fail_dead(self.jobs, self.lock):
+                log.warning("reindex job %s was interrupted (its process is gone); marked failed", job_id)
+        except Exception:  # the sweep is housekeeping: a Redis blip must not refuse the upload
+            log.warning("could not check for interrupted jobs", exc_info=True)
+        return holding
+
+    def _run(self, job: Job, holding: Renewer, upload: list[Candidate], lines: list[int] | None = None) -> None:
         # Not Linux, or not permitted: the job runs at normal priority.
         with contextlib.suppress(OSError, AttributeError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
-        stop_renewing = threading.Event()
-        threading.Thread(target=self._renew, args=(job.token, stop_renewing), daemon=True).start()
         try:
             job.state = "running"
-            self._build_and_swap(job, upload, lines)
+            self._build_and_swap(job, holding, upload, lines)
             job.state, job.stage, job.progress = "succeeded", "done", 1.0
             log.info("reindex %s: now serving %s", job.id, job.version)
         except Exception as error:
@@ -86,26 +106,31 @@ class Reindexer:
         finally:
             self.outcomes[job.state] = self.outcomes.get(job.state, 0) + 1
             self.durations.observe(time.time() - job.created_at)
-            stop_renewing.set()
             # Released before the final state is saved: once a client sees
             # the job finished, its next upload must not get 409.
-            self.lock.release(job.token)
-            self.jobs.save(job)
+            holding.release()
+            self._save_final(job)
             _return_freed_memory()
 
-    def _renew(self, token: str, stop: threading.Event) -> None:
-        while not stop.wait(5):
+    def _save_final(self, job: Job) -> None:
+        deadline = time.monotonic() + FINAL_SAVE_S
+        while True:
             try:
-                if not self.lock.renew(token):
-                    log.error("reindex %s no longer holds the lock; it will not swap", token)
-            except Exception:  # a Redis blip must not kill the job; the TTL covers it
-                log.warning("could not renew the reindex lock", exc_info=True)
+                self.jobs.save(job)
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    log.exception("reindex %s ended %s, but that could not be saved", job.id, job.state)
+                    return
+                time.sleep(1)
 
     def _progress(self, job: Job, stage: str, fraction: float) -> None:
         job.stage, job.progress = stage, round(fraction, 3)
         self.jobs.save(job)
 
-    def _build_and_swap(self, job: Job, upload: list[Candidate], lines: list[int] | None = None) -> None:
+    def _build_and_swap(
+        self, job: Job, holding: Renewer, upload: list[Candidate], lines: list[int] | None = None
+    ) -> None:
         model = self.runtime.current_model()
         serving = self.runtime.serving  # None until the first version exists: this job may build it
         job.previous_version = serving.index_version if serving else None
@@ -137,34 +162,51 @@ class Reindexer:
         job.counts.update(replies=manifest.replies, queries=manifest.queries, encoded=manifest.encoded)
 
         self._progress(job, "swap", 0.0)
-        if not self.lock.renew(job.token):  # another replica may be reindexing: only the holder swaps
+        if not holding.still_held():  # another replica may be reindexing: only the holder swaps
             raise RuntimeError("lost the reindex lock before the swap; the built version was not served")
         fresh = self.runtime.serve_version(manifest.version)
         self.candidates.replace(merged)  # only now: the new version is built and valid
-        self.runtime.store.set_current(manifest.version)
-        self.runtime.swap(fresh, f"reindex job {job.id}")
-        self.publish(manifest.version)
-        prune(self.runtime, keep=KEEP_VERSIONS)
+        self.runtime.point_to(fresh, f"reindex job {job.id}")
+        job.report["after_swap"] = self._after_swap(manifest.version)
 
-    def rollback(self) -> tuple[str, str]:
-        """Serve the version before the current one. Returns (from, to)."""
-        token = f"rollback-{os.getpid()}"
-        if not self.lock.acquire(token):
-            raise Busy(f"reindex job {self.lock.holder()} is running")
+    def _after_swap(self, version: str) -> dict[str, str]:
+        """Tells the other replicas, and prunes. Each step's outcome, for the job's report: the
+        version serves either way, and the replicas also find it at the pointer."""
+        steps: dict[str, Callable[[], None]] = {
+            "publish": lambda: self.publish(version),
+            "prune": lambda: prune(self.runtime),
+        }
+        outcome = {}
+        for step, run in steps.items():
+            try:
+                run()
+                outcome[step] = "done"
+            except Exception as error:
+                log.warning("after the swap to %s, %s failed: %s", version, step, error)
+                outcome[step] = f"failed: {type(error).__name__}: {error}"
+        return outcome
+
+    def rollback(self) -> tuple[str, str, dict[str, str]]:
+        """Serve the version before the one the pointer names (this model's), on every replica.
+        Returns (from, to, what the steps after the swap did)."""
+        holding = self.claim(f"rollback-{uuid.uuid4().hex[:12]}@{THIS_PROCESS}")
         try:
-            serving = self.runtime.current()
-            target = previous_version(self.runtime, serving)
+            model = self.runtime.current_model()
+            # The pointer, not this replica's own copy: a replica that has not caught up
+            # would otherwise roll back from the wrong version.
+            current = self.runtime.store.current() or self.runtime.current().index_version
+            target = previous_version(self.runtime.store, model.bundle.checksum, current)
             if target is None:
                 raise LookupError("no earlier index version built with this model")
             fresh = self.runtime.serve_version(target)
+            if not holding.still_held():
+                raise RuntimeError("lost the reindex lock before the swap; nothing changed")
             # The store goes back with the index: the next upload builds on what is served.
             self.candidates.replace(self.runtime.store.records(target))
-            self.runtime.store.set_current(target)
-            self.runtime.swap(fresh, "rollback")
-            self.publish(target)
-            return serving.index_version, target
+            self.runtime.point_to(fresh, "rollback")
+            return current, target, self._after_swap(target)
         finally:
-            self.lock.release(token)
+            holding.release()
 
 
 def _return_freed_memory() -> None:
@@ -176,20 +218,20 @@ def _return_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def same_model_versions(runtime: Runtime, serving: Serving) -> list[str]:
-    store = runtime.store
-    return [v for v in store.versions() if store.manifest(v).bundle_checksum == serving.bundle.checksum]
+def same_model_versions(store: IndexStore, bundle_checksum: str) -> list[str]:
+    return [v for v in store.versions() if store.manifest(v).bundle_checksum == bundle_checksum]
 
 
-def previous_version(runtime: Runtime, serving: Serving) -> str | None:
-    older = [v for v in same_model_versions(runtime, serving) if v < serving.index_version]
+def previous_version(store: IndexStore, bundle_checksum: str, version: str) -> str | None:
+    older = [v for v in same_model_versions(store, bundle_checksum) if v < version]
     return older[-1] if older else None
 
 
-def prune(runtime: Runtime, keep: int) -> None:
-    """Deletes all but this model's newest `keep` versions, never the serving one.
-    Other models' versions are left alone: they are another bundle's index."""
+def prune(runtime: Runtime, keep: int = KEEP_VERSIONS) -> None:
+    """Deletes all but this model's newest `keep` versions, never the one the pointer names or
+    this replica serves. Other models' versions are left alone: they are another bundle's index."""
     serving = runtime.current()
-    for version in same_model_versions(runtime, serving)[:-keep]:
-        if version != serving.index_version:
+    spared = {serving.index_version, runtime.store.current()}
+    for version in same_model_versions(runtime.store, serving.bundle.checksum)[:-keep]:
+        if version not in spared:
             shutil.rmtree(runtime.store.path(version), ignore_errors=True)

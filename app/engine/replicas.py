@@ -1,9 +1,12 @@
-"""Cross-replica coordination over Redis: the current-version pointer and a
-pub/sub channel that tells every replica to load a new version.
+"""Cross-replica coordination: every replica serves the version the pointer
+file names (`indexes/CURRENT` on the shared volume, the one owner of "which
+version serves"), and Redis pub/sub only says when to look.
 
-Replicas share the artifact volume, so a message only needs the version name.
-A replica that misses a message (Redis down, restarting) still converges:
-at start it reads the pointer, and the listener re-reads it on reconnect.
+A replica looks at the pointer every `index_poll_s` and at once when a
+message arrives. So a replica that misses a message (Redis down, restarting,
+the publish failed) still converges within one poll, and a message is never
+trusted: its version name is checked and then only wakes the replica, which
+follows the pointer, not the message.
 """
 
 from __future__ import annotations
@@ -22,11 +25,11 @@ import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
 
 from app.engine.runtime import Runtime
+from index.store import VERSION_NAME
 
 log = logging.getLogger(__name__)
 
 CHANNEL = "index:updates"
-POINTER_KEY = "index:current"
 
 
 def replica_id() -> str:
@@ -41,25 +44,64 @@ class Publisher:
 
     def __call__(self, version: str) -> None:
         if self.client is None:
-            return  # one process: nobody else to tell
-        self.client.set(POINTER_KEY, version)
+            return  # no channel: the other processes (if any) find it at their next poll
         self.client.publish(CHANNEL, json.dumps({"version": version, "origin": self.origin}))
 
 
-async def follow(runtime: Runtime, version: str | None) -> None:
-    """Swap to `version` if it is not what this replica serves."""
-    serving = runtime.serving
-    if version is None or runtime.model is None or (serving is not None and version == serving.index_version):
-        return  # nothing new, or no model to pair it with
-    try:
-        fresh = await anyio.to_thread.run_sync(runtime.serve_version, version)
-    except (OSError, ValueError, KeyError) as error:
-        log.error("cannot follow index %s: %s", version, error)
-        return
-    runtime.swap(fresh, "another replica's reindex")
+class Follower:
+    """Keeps this replica on the pointer's version."""
+
+    def __init__(self, runtime: Runtime, poll_s: float) -> None:
+        self.runtime = runtime
+        self.poll_s = poll_s
+        self.wake = asyncio.Event()
+        self._refused: str | None = None  # a version that failed to load: logged once, not retried each poll
+
+    async def run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), self.poll_s)
+            self.wake.clear()
+            try:
+                await self.follow()
+            except Exception:  # a bug here must not end following for the replica's lifetime
+                log.exception("following the index pointer failed; trying again")
+
+    async def follow(self) -> bool:
+        """Swaps to the pointer's version if this replica serves another. Returns whether it swapped."""
+        runtime = self.runtime
+        version = await anyio.to_thread.run_sync(runtime.behind)
+        if version is None or version == self._refused or runtime.model is None:
+            return False
+        try:
+            fresh = await anyio.to_thread.run_sync(runtime.serve_version, version)
+        except (OSError, ValueError, KeyError) as error:
+            self._refused = version
+            log.error("cannot serve index %s, which the pointer names: %s", version, error)
+            return False
+        # Loading took seconds: if the pointer moved meanwhile, the next look loads that one instead.
+        return await anyio.to_thread.run_sync(runtime.swap_if_pointed, fresh, "the pointer moved")
+
+    def heard(self, raw: bytes | str, origin: str) -> None:
+        """A message on the channel: checked, then a reason to look at the pointer."""
+        try:
+            body = json.loads(raw)
+            version = body["version"]
+            sender = body.get("origin")
+        except (ValueError, KeyError, TypeError):
+            log.warning("ignored an index update that is not {version, origin} JSON: %r", raw[:120])
+            return
+        if not isinstance(version, str) or not VERSION_NAME.fullmatch(version):
+            log.warning("ignored an index update naming %r: not an index version name", str(version)[:120])
+            return
+        if not self.runtime.store.path(version).is_dir():
+            log.warning("ignored an index update naming %s: no such version on this volume", version)
+            return
+        if sender != origin:
+            self.wake.set()
 
 
-async def listen(runtime: Runtime, url: str, origin: str) -> None:
+async def listen(follower: Follower, url: str, origin: str) -> None:
     """Runs for the app's lifetime; reconnects after Redis failures.
 
     Polls with a timeout rather than iterating `pubsub.listen()`, so that
@@ -70,18 +112,14 @@ async def listen(runtime: Runtime, url: str, origin: str) -> None:
         pubsub = client.pubsub()
         try:
             await pubsub.subscribe(CHANNEL)
-            pointer = await client.get(POINTER_KEY)  # catch up on what was missed while away
-            await follow(runtime, pointer.decode() if isinstance(pointer, bytes) else pointer)
+            follower.wake.set()  # catch up on what was missed while away
             while True:
                 message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-                if message is None:
-                    continue
-                body = json.loads(message["data"])
-                if body.get("origin") != origin:
-                    await follow(runtime, body.get("version"))
+                if message is not None:
+                    follower.heard(message["data"], origin)
         except asyncio.CancelledError:
             raise
-        except Exception as error:  # Redis down or a bad message: retry, keep serving
+        except Exception as error:  # Redis down: retry, keep serving (the poll still follows the pointer)
             log.warning("index update listener: %s; retrying in 2s", error)
             await asyncio.sleep(2)
         finally:

@@ -11,8 +11,9 @@ read it keeps its snapshot to the end while later requests see the new one.
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import faiss
@@ -55,6 +56,9 @@ class Runtime:
     model: Model | None = None
     serving: Serving | None = None
     problem: str | None = None  # why serving is None, for /readyz
+    # Held while the pointer file and `serving` are compared or changed together: a replica
+    # following the pointer never swaps to a version that another swap here has replaced.
+    swap_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def current(self) -> Serving:
         serving = self.serving
@@ -68,8 +72,34 @@ class Runtime:
         return self.model
 
     def serve_version(self, version: str) -> Serving:
-        """The loaded model with another index version of the store."""
-        return serve(self.current_model(), self.store.load(version), self.settings)
+        """The loaded model with another index version of the store. The version's manifest is
+        checked against the model before any of its FAISS files is read."""
+        model = self.current_model()
+        built_with = self.store.manifest(version).bundle_checksum
+        if built_with != model.bundle.checksum:
+            raise ValueError(f"index {version} was built with another model ({built_with[:12]})")
+        return serve(model, self.store.load(version), self.settings)
+
+    def point_to(self, serving: Serving, why: str) -> None:
+        """Makes `serving`'s version the one every replica serves (the pointer file), and serves it here."""
+        with self.swap_lock:
+            self.store.set_current(serving.index_version)
+            self.swap(serving, why)
+
+    def behind(self) -> str | None:
+        """The pointer's version if this replica serves another, else None."""
+        with self.swap_lock:
+            pointer = self.store.current()
+            serving = self.serving
+            return pointer if pointer is not None and (serving is None or serving.index_version != pointer) else None
+
+    def swap_if_pointed(self, serving: Serving, why: str) -> bool:
+        """Swaps only if the pointer still names `serving`'s version: it may have moved on while it loaded."""
+        with self.swap_lock:
+            if self.store.current() != serving.index_version:
+                return False
+            self.swap(serving, why)
+            return True
 
     def swap(self, serving: Serving, why: str) -> Serving | None:
         """Serve `serving` from the next request on; returns what served before.
@@ -90,6 +120,7 @@ class Runtime:
     async def close(self) -> None:
         await self.encoder_queue.close()
         await self.kv.close()
+        await self.cache.store.close()
 
 
 @dataclass(frozen=True)
@@ -186,16 +217,19 @@ def limit_cpu_threads(settings: Settings) -> None:
 def build_runtime(settings: Settings) -> Runtime:
     limit_cpu_threads(settings)
     kv = open_store(
-        settings.redis_url, settings.redis_timeout_ms, settings.redis_retry_after_s, settings.cache_local_entries
+        settings.redis_url, settings.redis_timeout_ms, settings.redis_retry_after_s, settings.session_local_entries
+    )
+    # A guard of its own: a cache Redis that is full or gone bypasses the cache, never the sessions.
+    # Without Redis the cache is its in-process LRU alone, so the store's size does not matter.
+    cache_kv = open_store(
+        settings.cache_redis_url or settings.redis_url, settings.redis_timeout_ms, settings.redis_retry_after_s, 1
     )
     store = IndexStore(settings.indexes_root)
-    for leftover in store.remove_staging():
-        log.warning("removed %s: an index build that did not finish", leftover)
     runtime = Runtime(
         settings=settings,
         kv=kv,
         cache=EmbeddingCache(
-            kv, settings.cache_local_entries, settings.cache_ttl_s, local_bytes=settings.cache_local_mb << 20
+            cache_kv, settings.cache_local_entries, settings.cache_ttl_s, local_bytes=settings.cache_local_mb << 20
         ),
         sessions=SessionStore(kv, settings.session_max_turns, settings.session_ttl_s),
         pool=ComputePool(settings.max_pending, workers=settings.search_threads),

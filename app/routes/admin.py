@@ -15,7 +15,7 @@ from app import logs
 from app.admin import Admin
 from app.config import Settings
 from app.deps import RuntimeDep, SettingsDep
-from app.engine.reindex import previous_version
+from app.engine.reindex import Busy, previous_version
 from app.errors import COMMON, ApiError, ErrorKind, responses
 from app.uploads import Mode, OnInvalid, parse_upload, upload_body
 
@@ -68,6 +68,9 @@ async def delete(
 async def _submit(
     request: Request, admin: Admin, settings: Settings, mode: Mode, on_invalid: OnInvalid
 ) -> dict[str, Any]:
+    holder = await anyio.to_thread.run_sync(admin.reindexer.lock.holder)
+    if holder is not None:  # before the body is read and parsed: a refused upload costs nothing
+        raise Busy(f"reindex job {holder} is running")
     body = await request.body()
     content_type = request.headers.get("content-type", "")
     parsed = await anyio.to_thread.run_sync(
@@ -88,12 +91,14 @@ async def _submit(
 @router.get("/jobs")
 async def jobs(admin: AdminDep, limit: Annotated[int, Query(ge=1, le=100)] = 20) -> dict[str, list[dict[str, Any]]]:
     """The newest jobs first, each as `/admin/jobs/{job_id}` returns it."""
+    await anyio.to_thread.run_sync(admin.sweep)
     found = await anyio.to_thread.run_sync(admin.jobs.recent, limit)
     return {"jobs": [asdict(j) for j in found]}
 
 
 @router.get("/jobs/{job_id}")
 async def job(job_id: str, admin: AdminDep) -> dict[str, Any]:
+    await anyio.to_thread.run_sync(admin.sweep)
     found = await anyio.to_thread.run_sync(admin.jobs.get, job_id)
     if found is None:
         raise ApiError(ErrorKind.not_found, f"no job {job_id!r}", "job_id")
@@ -107,7 +112,7 @@ async def index(admin: AdminDep, runtime: RuntimeDep) -> dict[str, Any]:
     versions = runtime.store.versions()
     return {
         "current": manifest.version,
-        "previous": previous_version(runtime, serving),
+        "previous": previous_version(runtime.store, serving.bundle.checksum, manifest.version),
         "versions": versions,
         "replies": manifest.replies,
         "queries": manifest.queries,
@@ -118,10 +123,11 @@ async def index(admin: AdminDep, runtime: RuntimeDep) -> dict[str, Any]:
 
 
 @router.post("/rollback")
-async def rollback(admin: AdminDep) -> dict[str, str]:
-    """Serve the version before the current one (this model's), on every replica."""
+async def rollback(admin: AdminDep) -> dict[str, Any]:
+    """Serve the version before the current one (this model's), on every replica.
+    `after_swap` says whether the other replicas were told at once (they follow the pointer anyway)."""
     try:
-        before, after = await anyio.to_thread.run_sync(admin.reindexer.rollback)
+        before, after, steps = await anyio.to_thread.run_sync(admin.reindexer.rollback)
     except LookupError as error:
         raise ApiError(ErrorKind.conflict, str(error)) from error
-    return {"from": before, "to": after}
+    return {"from": before, "to": after, "after_swap": steps}
