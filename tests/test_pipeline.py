@@ -85,7 +85,7 @@ async def test_concurrent_messages_of_one_session_are_answered_and_stored_in_ord
         tasks.append(asyncio.create_task(pipeline.session_reply(runtime, "s-order", message, ReplyOptions(3, BOTH))))
         await asyncio.sleep(0)
     replies = [outcome.answer.best.text for outcome in await asyncio.gather(*tasks)]
-    history = await runtime.sessions.history("s-order")
+    history = (await runtime.sessions.history("s-order")).turns
     assert [t.text for t in history if t.role == "user"] == messages[-5:]  # the store keeps the last 10 turns
     # Each reply was chosen knowing the ones before it: none repeats within the no-repeat window.
     no_repeat = runtime.settings.session_no_repeat
@@ -97,4 +97,4 @@ async def test_a_reply_whose_caller_left_is_not_stored(runtime: Runtime) -> None
         return False
 
     await pipeline.session_reply(runtime, "s-gone", "good night", ReplyOptions(3, BOTH), still_wanted=gone)
-    assert await runtime.sessions.history("s-gone") == []
+    assert (await runtime.sessions.history("s-gone")).turns == []

@@ -22,11 +22,19 @@ Status = Literal["up", "down", "disabled"]
 HEALTH_CHECK_INTERVAL_S = 10
 
 
+# A list's write count lives beside it, under this prefix: an append that names the count it
+# read succeeds only if no other write came between (the session store's turn order).
+WRITES_PREFIX = "writes:"
+UNKNOWN = -1  # the write count of a list that could not be read (Redis bypassed)
+
+
 class KeyValue(Protocol):
     async def get_many(self, keys: list[str]) -> list[bytes | None]: ...
     async def set_many(self, items: dict[str, bytes], ttl_s: int) -> None: ...
-    async def list_range(self, key: str) -> list[bytes]: ...
-    async def list_append(self, key: str, values: list[bytes], keep_last: int, ttl_s: int) -> None: ...
+    async def list_read(self, key: str) -> tuple[list[bytes], int]: ...  # (items, writes so far)
+    async def list_append_if(
+        self, key: str, writes: int, values: list[bytes], keep_last: int, ttl_s: int
+    ) -> bool: ...  # False: another write came after `writes`; nothing appended
     async def ping(self) -> bool: ...
     async def close(self) -> None: ...
 
@@ -63,13 +71,17 @@ class MemoryKV:
         for key, value in items.items():
             self._put(key, value, ttl_s)
 
-    async def list_range(self, key: str) -> list[bytes]:
-        value = self._get(key)
-        return list(value) if isinstance(value, list) else []
+    async def list_read(self, key: str) -> tuple[list[bytes], int]:
+        value, writes = self._get(key), self._get(WRITES_PREFIX + key)
+        return (list(value) if isinstance(value, list) else []), int(writes) if isinstance(writes, bytes) else 0
 
-    async def list_append(self, key: str, values: list[bytes], keep_last: int, ttl_s: int) -> None:
-        current = await self.list_range(key)
+    async def list_append_if(self, key: str, writes: int, values: list[bytes], keep_last: int, ttl_s: int) -> bool:
+        current, now = await self.list_read(key)
+        if now != writes:
+            return False
         self._put(key, (current + values)[-keep_last:], ttl_s)
+        self._put(WRITES_PREFIX + key, str(now + 1).encode(), ttl_s)
+        return True
 
     async def ping(self) -> bool:
         return True
@@ -102,6 +114,17 @@ def _client(url: str, timeout_s: float) -> aioredis.Redis:
 
 
 class RedisKV:
+    # Compare, append, trim and count in one step: between two round trips another replica could append.
+    _APPEND_IF = """
+local writes = tonumber(redis.call('get', KEYS[2]) or '0')
+if writes ~= tonumber(ARGV[1]) then return 0 end
+redis.call('rpush', KEYS[1], unpack(ARGV, 4))
+redis.call('ltrim', KEYS[1], -tonumber(ARGV[2]), -1)
+redis.call('expire', KEYS[1], ARGV[3])
+redis.call('set', KEYS[2], writes + 1, 'EX', ARGV[3])
+return 1
+"""
+
     def __init__(self, url: str, timeout_s: float) -> None:
         self.client = _client(url, timeout_s)
 
@@ -116,15 +139,17 @@ class RedisKV:
                 pipe.set(key, value, ex=ttl_s)
             await pipe.execute()
 
-    async def list_range(self, key: str) -> list[bytes]:
-        return [v for v in await self.client.lrange(key, 0, -1) if isinstance(v, bytes)]
-
-    async def list_append(self, key: str, values: list[bytes], keep_last: int, ttl_s: int) -> None:
+    async def list_read(self, key: str) -> tuple[list[bytes], int]:
         async with self.client.pipeline(transaction=True) as pipe:
-            pipe.rpush(key, *values)
-            pipe.ltrim(key, -keep_last, -1)
-            pipe.expire(key, ttl_s)
-            await pipe.execute()
+            pipe.lrange(key, 0, -1)
+            pipe.get(WRITES_PREFIX + key)
+            items, writes = await pipe.execute()
+        return [v for v in items if isinstance(v, bytes)], int(writes or 0)
+
+    async def list_append_if(self, key: str, writes: int, values: list[bytes], keep_last: int, ttl_s: int) -> bool:
+        keys = [key, WRITES_PREFIX + key]
+        done = await self.client.eval(self._APPEND_IF, 2, *keys, writes, keep_last, ttl_s, *values)
+        return bool(done)
 
     async def ping(self) -> bool:
         return bool(await self.client.ping())
@@ -189,20 +214,22 @@ class Guarded:
             except (RedisError, OSError, TimeoutError) as error:
                 self._failed("set", error)
 
-    async def list_range(self, key: str) -> list[bytes]:
+    async def list_read(self, key: str) -> tuple[list[bytes], int]:
         if self._available():
             try:
-                return await self.inner.list_range(key)
+                return await self.inner.list_read(key)
             except (RedisError, OSError, TimeoutError) as error:
                 self._failed("lrange", error)
-        return []
+        return [], UNKNOWN
 
-    async def list_append(self, key: str, values: list[bytes], keep_last: int, ttl_s: int) -> None:
+    async def list_append_if(self, key: str, writes: int, values: list[bytes], keep_last: int, ttl_s: int) -> bool:
+        """True also when Redis is away: the turn is lost with the outage, and there is nothing to retry."""
         if self._available():
             try:
-                await self.inner.list_append(key, values, keep_last, ttl_s)
+                return await self.inner.list_append_if(key, writes, values, keep_last, ttl_s)
             except (RedisError, OSError, TimeoutError) as error:
                 self._failed("rpush", error)
+        return True
 
     async def ping(self) -> bool:
         """Always asks, even while bypassed: readiness wants the live answer."""

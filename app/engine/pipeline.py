@@ -3,6 +3,7 @@ around the CPU work in `retriever`."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -15,6 +16,8 @@ from app.engine.encoding import EncodeJob
 from app.engine.retriever import Answer, Serving, Strategy
 from app.engine.runtime import Runtime
 from app.engine.sessions import SessionTurn
+
+log = logging.getLogger(__name__)
 
 
 class NoCandidates(Exception):
@@ -123,6 +126,11 @@ async def reply(runtime: Runtime, turns: Sequence[str], options: ReplyOptions, e
     return ReplyOutcome(answer, serving.index_version)
 
 
+# A turn that lost the race to store SESSION_ATTEMPTS times (turns of one session arriving
+# together at different replicas) is answered without being stored.
+SESSION_ATTEMPTS = 4
+
+
 async def session_reply(
     runtime: Runtime,
     session_id: str,
@@ -135,14 +143,19 @@ async def session_reply(
     The turn is stored only if `still_wanted()` says the caller is still there
     to receive the reply: a reply nobody saw must not become context."""
     async with runtime.sessions.turn(session_id):
-        history = await runtime.sessions.history(session_id)
-        no_repeat = runtime.settings.session_no_repeat
-        recent_bot = [t.text for t in history if t.role == "bot"][-no_repeat:] if no_repeat else []
-        turns = [t.text for t in history] + [message]
-        outcome = await reply(runtime, turns, options, {normalize(t) for t in recent_bot})
-        if still_wanted is None or await still_wanted():
+        for _ in range(SESSION_ATTEMPTS):
+            history = await runtime.sessions.history(session_id)
+            no_repeat = runtime.settings.session_no_repeat
+            recent_bot = [t.text for t in history.turns if t.role == "bot"][-no_repeat:] if no_repeat else []
+            turns = [t.text for t in history.turns] + [message]
+            outcome = await reply(runtime, turns, options, {normalize(t) for t in recent_bot})
+            if still_wanted is not None and not await still_wanted():
+                return outcome
             bot = SessionTurn("bot", outcome.answer.best.text)
-            await runtime.sessions.append(session_id, SessionTurn("user", message), bot)
+            if await runtime.sessions.append(session_id, history, SessionTurn("user", message), bot):
+                return outcome
+            # Another replica stored a turn of this session meanwhile: answer again, from it.
+        log.warning("session turn answered but not stored: %d other turns came first", SESSION_ATTEMPTS)
     return outcome
 
 

@@ -3,7 +3,10 @@
 Turns of one session are handled one request at a time, in arrival order
 (`SessionStore.turn`): two messages of one conversation in flight together
 would both read the history before either wrote, answer from stale context,
-and could store their turns in the wrong order.
+and could store their turns in the wrong order. That lock holds in one
+process; across replicas a turn is stored only if no other turn was stored
+since its history was read (`History.writes`), else it is answered again from
+the new history (`pipeline.session_reply`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,12 @@ Role = Literal["user", "bot"]
 class SessionTurn:
     role: Role
     text: str
+
+
+@dataclass(frozen=True)
+class History:
+    turns: list[SessionTurn]  # oldest first
+    writes: int  # appends the session had when read: the next append must find the same count
 
 
 @dataclass
@@ -56,17 +65,19 @@ class SessionStore:
     def _key(session_id: str) -> str:
         return f"session:{session_id}"
 
-    async def history(self, session_id: str) -> list[SessionTurn]:
-        """Oldest first. Empty for a new, expired or unreachable session."""
+    async def history(self, session_id: str) -> History:
+        """Empty for a new, expired or unreachable session."""
         turns = []
-        for raw in await self.store.list_range(self._key(session_id)):
+        raws, writes = await self.store.list_read(self._key(session_id))
+        for raw in raws:
             try:
                 item = json.loads(raw)
                 turns.append(SessionTurn(role=item["role"], text=item["text"]))
             except (ValueError, KeyError, TypeError):
                 continue  # a corrupt entry costs one turn of context, not the request
-        return turns
+        return History(turns, writes)
 
-    async def append(self, session_id: str, *turns: SessionTurn) -> None:
+    async def append(self, session_id: str, read: History, *turns: SessionTurn) -> bool:
+        """Stores the turns after `read`'s; False if another turn was stored since `read` (nothing stored)."""
         values = [json.dumps({"role": t.role, "text": t.text}).encode() for t in turns]
-        await self.store.list_append(self._key(session_id), values, self.max_turns, self.ttl_s)
+        return await self.store.list_append_if(self._key(session_id), read.writes, values, self.max_turns, self.ttl_s)
