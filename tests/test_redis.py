@@ -43,6 +43,42 @@ async def test_a_second_replica_continues_the_session_without_repeating(
     assert clean_redis.llen("session:s-2") == 4
 
 
+async def test_an_append_after_another_replicas_write_is_refused(clean_redis: redis.Redis) -> None:
+    """Two replicas read one session's history, both answer; only the first to write stores its turn."""
+    replica_a, replica_b = (open_store(REDIS_URL, 1000, 2.0, 10) for _ in range(2))
+    try:
+        _, read_by_a = await replica_a.list_read("session:race")
+        _, read_by_b = await replica_b.list_read("session:race")
+        assert await replica_b.list_append_if("session:race", read_by_b, [b"b"], 10, 60)
+        assert not await replica_a.list_append_if("session:race", read_by_a, [b"a"], 10, 60)
+        items, writes = await replica_a.list_read("session:race")
+        assert (items, writes) == ([b"b"], 1)
+        assert await replica_a.list_append_if("session:race", writes, [b"a"], 10, 60)  # read again: stored after
+        assert clean_redis.lrange("session:race", 0, -1) == [b"b", b"a"]
+        assert 0 < clean_redis.ttl("writes:session:race") <= 60
+    finally:
+        await replica_a.close()
+        await replica_b.close()
+
+
+async def test_a_cache_redis_that_is_gone_bypasses_the_cache_not_the_sessions(
+    make_client: AppFactory, clean_redis: redis.Redis
+) -> None:
+    async with make_client(redis_url=REDIS_URL, cache_redis_url=closed_port_url()) as client:
+        assert (
+            await client.post("/reply", json={"session_id": "s-cache", "message": "hello there"})
+        ).status_code == 200
+        assert (
+            await client.post("/reply", json={"session_id": "s-cache", "message": "how are you?"})
+        ).status_code == 200
+        assert (await client.get("/readyz")).json()["redis"] == "up"
+    assert clean_redis.llen("session:s-cache") == 4
+
+
+def closed_port_url() -> str:
+    return f"redis://127.0.0.1:{closed_port()}/0"
+
+
 async def test_session_history_is_capped(make_client: AppFactory, clean_redis: redis.Redis) -> None:
     async with make_client(redis_url=REDIS_URL, session_max_turns=4) as client:
         for message in ["hi! how are you?", "where are you from?", "do you like dogs?"]:

@@ -2,7 +2,7 @@
 
     python -m bench.chaos                      # every scenario -> reports/chaos.md, reports/chaos.json
     python -m bench.chaos --soak-minutes 10    # ... with the issue's 10-minute soak (about 20 minutes in all)
-    python -m bench.chaos --only 1,3,11 --quick --sample 2000 --out /tmp/chaos-quick   # CI (`make chaos-quick`)
+    python -m bench.chaos --only 1,3,11,16,19 --quick --sample 2000 --out /tmp/chaos-quick   # CI (`make chaos-quick`)
 
 Each scenario starts what it needs (a redis-server on a free port, the
 service on the release bundle and a private copy of its index, the load
@@ -10,8 +10,11 @@ generator in its own process), injects its fault, and reports its figures
 and whether they meet its bar. Scenarios that inject nothing into the
 service (7, 9, 12, 13) share one service and one Redis.
 
+Scenarios 16-21 run three service processes on three ports, sharing one
+Redis and one artifacts folder, as replicas behind a load balancer do.
+
 Two indexes are served. The full one is the release bundle's under
---artifacts (`make index`). The scenarios that reindex (3, 4, 8, 15) serve a
+--artifacts (`make index`). The scenarios that reindex (3, 4, 8, 15-18, 20) serve a
 sample of it (--sample N candidates, built here in seconds from its stored
 vectors): an append rebuilds every candidate's graph, ~30 s for the full
 ~100k even on an idle machine, so "3 reindexes in 2 minutes" would time the
@@ -21,7 +24,7 @@ index (CI) everything runs on a sample encoded from the chitchat corpus.
 
 The default soak is 3 minutes with a reindex every 45 s, not the issue's 10
 with one every 2 minutes (--soak-minutes 10); its row says which it ran.
-Estimated on 2 cores: about 13 minutes for all scenarios, 2.5 for the CI subset.
+Estimated on 2 cores: about 16 minutes for all scenarios, 3.5 for the CI subset.
 """
 
 from __future__ import annotations
@@ -41,13 +44,13 @@ from pathlib import Path
 from typing import Any
 
 from app.core.bundle import RELEASE_BUNDLE, BundleManifest, open_bundle
-from bench.chaos import load_faults, redis_faults, reindex_faults, security, sessions
+from bench.chaos import load_faults, redis_faults, reindex_faults, replicas, security, sessions
 from bench.chaos.context import QUICK, Context, Durations
 from bench.chaos.harness import link_or_copy
 
 Scenario = tuple[str, str, Callable[[Context], dict[str, Any]]]
 # These reindex: they serve the sampled index (see the docstring).
-ON_SAMPLE = frozenset({3, 4, 8, 15})
+ON_SAMPLE = frozenset({3, 4, 8, 15, 16, 17, 18, 20})
 SCENARIOS: dict[int, Scenario] = {
     1: (
         "Redis kill -9 under mixed load, restarted later",
@@ -107,6 +110,36 @@ SCENARIOS: dict[int, Scenario] = {
         "soak at 20 rps with reindexes (issue: 10 minutes, one every 2; the row says what ran)",
         "RSS growth < 10%; FDs and Redis clients flat",
         reindex_faults.soak,
+    ),
+    16: (
+        "3 replicas: one starts while another's reindex runs",
+        "the job succeeds; every replica serves the new version within 10 s of its swap",
+        replicas.replica_starts_mid_reindex,
+    ),
+    17: (
+        "3 replicas: Redis paused 3 s as a job publishes its version",
+        "the job reports succeeded or failed truthfully; all replicas on one version within 10 s of Redis returning",
+        replicas.redis_paused_at_publish,
+    ),
+    18: (
+        "3 replicas: rollback and reindex sent together from two replicas, 5 times",
+        "one wins, the other gets 409; then all serve one version, the one /admin/index names",
+        replicas.rollback_races_reindex,
+    ),
+    19: (
+        "3 replicas: each session's turns sent to them in turn, 30% cancelled",
+        "0 lost, 0 foreign, 0 out-of-order turns",
+        replicas.session_across_replicas,
+    ),
+    20: (
+        "3 replicas: the cache Redis at maxmemory under unique contexts",
+        "0 5xx; no session turn, candidate or job evicted; cache hit rate reported",
+        replicas.redis_at_maxmemory,
+    ),
+    21: (
+        "3 replicas: update messages naming ../../etc, a missing version, no JSON",
+        "ignored with a log line each; versions unchanged; nothing outside the indexes folder read",
+        replicas.hostile_update_messages,
     ),
 }
 

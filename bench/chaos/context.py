@@ -44,6 +44,8 @@ class Durations:
     # The issue asks for 10 minutes with a reindex every 2 minutes; that does not fit in
     # the suite's 15 with the rest, so the default is shorter (--soak-minutes 10 for the full one).
     soak: float = 180
+    replica_upload: int = 20_000  # scenario 16's new candidates: a job long enough to start a replica into
+    maxmemory_load: float = 60  # scenario 20's window
 
     @property
     def soak_reindex_every(self) -> float:
@@ -65,6 +67,8 @@ QUICK = Durations(
     overload=8,
     schema_fuzz=20,
     soak=60,
+    replica_upload=10_000,
+    maxmemory_load=20,
 )
 
 
@@ -114,6 +118,26 @@ class Context:
             service.stop()
             shutil.rmtree(self.work / name, ignore_errors=True)
 
+    @contextmanager
+    def replicas(
+        self, name: str, redis: RedisServer, count: int = 3, sampled: bool | None = None, **env: str
+    ) -> Iterator[list[Service]]:
+        """`count` services on one Redis and one artifacts folder, as replicas behind a load balancer
+        are, each on a port of its own; started together, stopped and removed afterwards."""
+        artifacts = self.artifacts(name, sampled)
+        settings = {"CHITCHAT_SESSION_MAX_TURNS": str(SESSION_ENTRIES), **env}
+        services = [Service(artifacts, redis.url, dict(settings)) for _ in range(count)]
+        try:
+            for service in services:
+                service.start(wait=False)
+            for service in services:
+                service.wait_ready()
+            yield services
+        finally:
+            for service in services:
+                service.stop()
+            shutil.rmtree(self.work / name, ignore_errors=True)
+
     def shared(self) -> tuple[RedisServer, Service]:
         """One Redis and one service on the full index, started on first use, for the scenarios that
         inject nothing into them (hostile bodies and ids, bad credentials, steady load): a start saved each."""
@@ -138,8 +162,8 @@ class Context:
             self._shared = None
 
     @contextmanager
-    def redis(self) -> Iterator[RedisServer]:
-        server = RedisServer()
+    def redis(self, *args: str) -> Iterator[RedisServer]:
+        server = RedisServer(*args)
         server.start()
         try:
             yield server

@@ -44,8 +44,9 @@ def wait_for(probe: Any, timeout_s: float, every_s: float = 0.05) -> float:
 
 
 class RedisServer:
-    def __init__(self) -> None:
+    def __init__(self, *args: str) -> None:
         self.port = free_port()
+        self.args = list(args)  # e.g. "--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lru"
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -57,6 +58,7 @@ class RedisServer:
 
     def start(self) -> None:
         command = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        command += self.args
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
         wait_for(lambda: self.client().ping(), 10)
 
@@ -75,6 +77,9 @@ class RedisServer:
 
     def clients(self) -> int:
         return int(self.client().info("clients")["connected_clients"])
+
+    def evicted(self) -> int:
+        return int(self.client().info("stats")["evicted_keys"])
 
 
 @dataclass
@@ -142,6 +147,19 @@ class Service:
         fds = len(os.listdir(f"/proc/{self.process.pid}/fd"))
         return {"rss_kb": int(fields["VmRSS"].split()[0]), "threads": int(fields["Threads"]), "fds": fds}
 
+    def version(self) -> str | None:
+        """The index version this replica serves, or None if it does not answer."""
+        try:
+            return str(httpx.get(f"{self.url}/readyz", timeout=5).json().get("index_version"))
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    def metric(self, name: str) -> float:
+        for line in httpx.get(f"{self.url}/metrics", timeout=10).text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        raise RuntimeError(f"no {name} in /metrics")
+
     def cache_kb(self) -> int:
         """The in-process embedding cache, in kB, from the service's metrics."""
         for line in httpx.get(f"{self.url}/metrics", timeout=10).text.splitlines():
@@ -194,8 +212,10 @@ def chaos_artifacts(source: Path, target: Path, bundle_checksum: str) -> Path:
     return target
 
 
-def traffic(url: str, out: Path, **options: Any) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "bench.chaos.traffic", "--url", url, "--out", str(out)]
+def traffic(url: str | list[str], out: Path, **options: Any) -> subprocess.Popen[bytes]:
+    """`bench.chaos.traffic` against one service, or several replicas (a list of URLs)."""
+    urls = [url] if isinstance(url, str) else url
+    command = [sys.executable, "-m", "bench.chaos.traffic", "--url", *urls, "--out", str(out)]
     for key, value in options.items():
         flag = "--" + key.replace("_", "-")
         command += [flag, *(str(v) for v in value)] if isinstance(value, list | tuple) else [flag, str(value)]

@@ -1,0 +1,81 @@
+"""A replica and the version pointer: swaps only to what the pointer still names, checks the model
+before reading a version's files, and never turns a name from outside into a path."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from app.engine.runtime import Runtime, build_runtime
+from index.store import REPLY_INDEX, BadVersion, IndexStore
+from tests.conftest import settings_for
+
+LATER = "v20990101T000000000000-abcdef"
+
+
+@pytest.fixture
+def runtime(artifacts: Path, tmp_path: Path) -> Runtime:
+    copy = tmp_path / "artifacts"
+    shutil.copytree(artifacts, copy)
+    return build_runtime(settings_for(copy))
+
+
+def copy_version(store: IndexStore, version: str, name: str, **manifest: str) -> None:
+    """`version`'s files under another name, its manifest changed as given."""
+    shutil.copytree(store.path(version), store.path(name))
+    path = store.path(name) / "manifest.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "version": name, **manifest}))
+
+
+def test_a_version_the_pointer_left_while_it_loaded_is_not_swapped_in(runtime: Runtime) -> None:
+    store = runtime.store
+    serving = runtime.current().index_version
+    copy_version(store, serving, LATER)
+    loaded = runtime.serve_version(LATER)
+    assert runtime.behind() is None  # the pointer names what serves
+    assert not runtime.swap_if_pointed(loaded, "test")  # ... not what was loaded
+    assert runtime.current().index_version == serving
+    store.set_current(LATER)
+    assert runtime.behind() == LATER
+    assert runtime.swap_if_pointed(loaded, "test")
+    assert runtime.current().index_version == LATER and runtime.behind() is None
+
+
+def test_another_models_version_is_refused_before_its_files_are_read(runtime: Runtime) -> None:
+    store = runtime.store
+    copy_version(store, runtime.current().index_version, LATER, bundle_checksum="0" * 64)
+    (store.path(LATER) / REPLY_INDEX).unlink()  # read first, this would raise FileNotFoundError instead
+    with pytest.raises(ValueError, match="another model"):
+        runtime.serve_version(LATER)
+
+
+@pytest.mark.parametrize("name", ["../../etc", "/etc/passwd", "v1", "v20990101T000000000000-abcdef/..", ""])
+def test_a_name_that_is_not_a_version_never_becomes_a_path(runtime: Runtime, name: str) -> None:
+    with pytest.raises(BadVersion):
+        runtime.store.path(name)
+    with pytest.raises(BadVersion):
+        runtime.serve_version(name)
+
+
+def test_a_pointer_naming_a_path_reads_as_no_version(runtime: Runtime) -> None:
+    (runtime.store.root / "CURRENT").write_text("../../etc\n")
+    assert runtime.store.current() is None
+
+
+def test_another_hosts_staging_is_removed_only_once_abandoned(tmp_path: Path) -> None:
+    import os
+
+    from index.store import OWNER, STAGING_ABANDONED_S
+
+    store = IndexStore(tmp_path / "indexes")
+    building, abandoned = store.stage(), store.stage()
+    for staging in (building, abandoned):
+        (staging / OWNER).write_text(json.dumps({"host": "another-host", "pid": 1}))  # its pid means nothing here
+    hours_ago = abandoned.stat().st_mtime - STAGING_ABANDONED_S - 60
+    for path in (abandoned, *abandoned.iterdir()):
+        os.utime(path, (hours_ago, hours_ago))
+    assert store.remove_staging() == [abandoned.name]
+    assert building.exists() and not abandoned.exists()
