@@ -153,10 +153,11 @@ bench-ann: install index  ## FAISS index choices: recall against exact search, s
 chaos: install-dev index  ## faults, overload and hostile input -> reports/chaos.{md,json} (about 15 min)
 	$(PY) -m bench.chaos
 
-# What .ci/run runs after `make test`: scenarios 1, 3 and 11, shorter, on a 2,000-candidate sample (about 2.5 min).
+# What .ci/run runs after `make test`: scenarios 1, 3 and 11, and the replica scenarios 16 and 19 (3 processes),
+# shorter, on a 2,000-candidate sample (about 3.5 min).
 .PHONY: chaos-quick
 chaos-quick: install-dev  ## the CI subset of make chaos -> /tmp/chaos-quick/chaos.{md,json}
-	$(PY) -m bench.chaos --only 1,3,11 --quick --sample 2000 --out /tmp/chaos-quick
+	$(PY) -m bench.chaos --only 1,3,11,16,19 --quick --sample 2000 --out /tmp/chaos-quick
 
 bench-rerank: index  ## p50 the poly rerank step adds
 	$(PY) -m bench.rerank
