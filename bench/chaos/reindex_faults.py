@@ -10,6 +10,7 @@ import threading
 import time
 from typing import Any
 
+from app.engine.jobs import FINISHING_GRACE_S, LOCK_TTL_S
 from bench.chaos.context import Context
 from bench.chaos.harness import Service, rows, summary, traffic, wait_for
 from index.store import IndexStore
@@ -104,12 +105,15 @@ def bad_reindexes(ctx: Context) -> dict[str, Any]:
             service.process.wait()
             service.start()
             after = service.admin("GET", "/admin/index").json()
-            killed = service.admin("GET", f"/admin/jobs/{job['job_id']}").json()
+            # The dead job's lock runs out within its TTL (no process renews it); then the job reads failed.
+            restarted = time.perf_counter()
+            killed = service.wait_job(job["job_id"], timeout_s=LOCK_TTL_S + FINISHING_GRACE_S + 10)
             staging = [p.name for p in (service.artifacts / "indexes").iterdir() if p.name.startswith(".staging")]
             figures.update(
                 killed_build_old_version_serving=after["current"] == before["current"],
                 killed_build_versions_unchanged=after["versions"] == before["versions"],
                 killed_build_job=f"{killed['state']}: {killed.get('error')}",
+                killed_build_failed_s_after_restart=round(time.perf_counter() - restarted, 1),
                 killed_build_staging_left=len(staging),
             )
         finally:
