@@ -150,7 +150,7 @@ bench-load: install-train index  ## the service against a naive one under wrk ->
 bench-ann: install index  ## FAISS index choices: recall against exact search, size, speed -> reports/ann.{md,json}
 	$(PY) -m bench.ann
 
-chaos: install-dev index  ## faults, overload and hostile input -> reports/chaos.{md,json} (about 15 min)
+chaos: install-dev index  ## faults, overload and hostile input -> reports/chaos.{md,json} (about 17 min)
 	$(PY) -m bench.chaos
 
 # What .ci/run runs after `make test`: scenarios 1, 3 and 11, and the replica scenarios 16 and 19 (3 processes),
