@@ -124,14 +124,14 @@ release: install-train  ## promote the trained student into models/release/ if i
 	$(PY) -m models.release --bundle $(STUDENT) $(RELEASE_ARGS)
 
 lint: install-dev  ## ruff lint and format check
-	$(VENV)/bin/ruff check app index models tests bench
-	$(VENV)/bin/ruff format --check app index models tests bench
+	$(VENV)/bin/ruff check app core index models tests bench
+	$(VENV)/bin/ruff format --check app core index models tests bench
 
 format: install-dev
-	$(VENV)/bin/ruff format app index models tests bench
-	$(VENV)/bin/ruff check --fix app index models tests bench
+	$(VENV)/bin/ruff format app core index models tests bench
+	$(VENV)/bin/ruff check --fix app core index models tests bench
 
-typecheck: install-dev  ## mypy on app/ and index/
+typecheck: install-dev  ## mypy on app/, core/ and index/
 	$(VENV)/bin/mypy
 
 pytest: install-dev

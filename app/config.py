@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from app.core.bundle import RELEASE_BUNDLE
+from core.bundle import RELEASE_BUNDLE
 
 
 class Settings(BaseSettings):

@@ -34,10 +34,10 @@ from pydantic import (
     model_validator,
 )
 
-from app.core.text import SCRIPT_OF_LANGUAGE
 from app.schemas import Strict, Turn
+from core.records import Candidate
+from core.text import SCRIPT_OF_LANGUAGE
 from index.candidates import RECORD_LINES
-from index.records import Candidate
 
 Mode = Literal["replace", "append", "delete"]
 OnInvalid = Literal["reject", "skip"]

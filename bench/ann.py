@@ -24,9 +24,9 @@ from typing import Any
 import faiss
 import numpy as np
 
-from app.core.bundle import RELEASE_BUNDLE, open_bundle
-from app.core.encoder import Encoder
-from index import ann
+from core import ann
+from core.bundle import RELEASE_BUNDLE, open_bundle
+from core.encoder import Encoder
 from index.build import corpus_candidates, tables
 from index.corpus import load_pairs
 

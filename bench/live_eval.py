@@ -26,9 +26,9 @@ from typing import Any
 
 import httpx
 
-from app.core.bundle import RELEASE_BUNDLE, open_bundle
-from app.core.text import Signature, echoes, normalize
 from bench.latency import free_port
+from core.bundle import RELEASE_BUNDLE, open_bundle
+from core.text import Signature, echoes, normalize
 from index.corpus import load_pairs
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -33,10 +33,10 @@ from typing import Any
 
 import httpx
 
-from app.core.bundle import RELEASE_BUNDLE, open_bundle
 from bench.latency import free_port
+from core.bundle import RELEASE_BUNDLE, open_bundle
+from core.store import IndexStore
 from index.corpus import load_pairs
-from index.store import IndexStore
 
 ROOT = Path(__file__).resolve().parents[1]
 WARMUP = 500  # contexts for an unmeasured first run, which pays for lazy initialisation

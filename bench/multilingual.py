@@ -34,11 +34,11 @@ from typing import Any
 import httpx
 import numpy as np
 
-from app.core.bundle import RELEASE_BUNDLE, open_bundle
-from app.core.encoder import Encoder
 from bench.latency import cpu_description, free_port, test_contexts
+from core.bundle import RELEASE_BUNDLE, open_bundle
+from core.encoder import Encoder
+from core.store import IndexStore
 from index.build import build_version, corpus_candidates
-from index.store import IndexStore
 
 ROOT = Path(__file__).resolve().parents[1]
 KOREAN = (ROOT / "tests" / "data" / "korean_chitchat.jsonl", ROOT / "bench" / "data" / "korean_dev.jsonl")

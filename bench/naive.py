@@ -24,8 +24,8 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 from sentence_transformers import SentenceTransformer
 
-from app.core.bundle import RELEASE_BUNDLE, open_bundle
-from index.store import IndexStore
+from core.bundle import RELEASE_BUNDLE, open_bundle
+from core.store import IndexStore
 
 
 def _model_path() -> Path:

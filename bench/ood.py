@@ -38,9 +38,9 @@ import httpx
 import numpy as np
 from scipy.stats import spearmanr
 
-from app.core.bundle import RELEASE_BUNDLE, open_bundle
 from bench.latency import cpu_description, free_port
 from bench.live_eval import wait
+from core.bundle import RELEASE_BUNDLE, open_bundle
 from models.ood import ReplySet, available_sts, chatterbot_set, sts_set
 from models.reaction_classes import REACTION_CLASSES
 from models.reactions import near_duplicate_key, reaction_key

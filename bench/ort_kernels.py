@@ -33,16 +33,16 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from app.core.bundle import ENCODER_FILE, RELEASE_BUNDLE, open_bundle
-from app.core.encoder import OUTPUT_NAMES, Encoder, pad
 from bench.latency import cpu_description, test_contexts
+from core.bundle import ENCODER_FILE, RELEASE_BUNDLE, open_bundle
+from core.encoder import OUTPUT_NAMES, Encoder, pad
 
 BUNDLES = (Path("artifacts/bundles/multilingual-e5-chitchat-int8"), RELEASE_BUNDLE)
 WARMUP = 20
 
 
 def _options(spin: bool = False) -> ort.SessionOptions:
-    options = ort.SessionOptions()  # as app/core/encoder.py builds them, less the disabled fusion
+    options = ort.SessionOptions()  # as core/encoder.py builds them, less the disabled fusion
     options.intra_op_num_threads = 0
     options.inter_op_num_threads = 1
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL

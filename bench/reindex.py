@@ -32,10 +32,10 @@ import httpx
 import numpy as np
 import redis
 
-from app.core.bundle import RELEASE_BUNDLE, read_manifest
 from bench.latency import free_port, test_contexts
+from core.bundle import RELEASE_BUNDLE, read_manifest
+from core.store import IndexStore
 from index.build import corpus_candidates
-from index.store import IndexStore
 
 TOKEN = "bench-token"
 REDIS_URL = "redis://127.0.0.1:6379/14"

@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 
 from app.config import Settings
-from app.core.bundle import read_manifest
-from app.core.encoder import Encoder
 from app.engine import retriever
 from app.engine.runtime import limit_cpu_threads, load_serving
 from bench.latency import test_contexts
-from index.store import IndexStore
+from core.bundle import read_manifest
+from core.encoder import Encoder
+from core.store import IndexStore
 
 
 def _ms(fn: Any, *args: Any) -> float:

@@ -24,12 +24,12 @@ import faiss
 import numpy as np
 from tqdm import tqdm
 
-from app.core.bundle import RELEASE_BUNDLE, open_bundle
-from app.core.encoder import Encoder
-from app.core.text import normalize
-from index import ann
-from index.records import Candidate
-from index.store import QUERY_INDEX, REACTION_INDEX, REPLY_INDEX, IndexManifest, IndexStore, Tables
+from core import ann
+from core.bundle import RELEASE_BUNDLE, open_bundle
+from core.encoder import Encoder
+from core.records import Candidate
+from core.store import QUERY_INDEX, REACTION_INDEX, REPLY_INDEX, IndexManifest, IndexStore, Tables
+from core.text import normalize
 
 SELF_RETRIEVAL_SAMPLE = 200
 # A stored reply must find itself. A broken index (misaligned rows, wrong

@@ -15,8 +15,8 @@ from typing import Any, Protocol
 
 import redis
 
-from app.core.text import normalize
-from index.records import Candidate, from_json, to_json
+from core.records import Candidate, from_json, to_json
+from core.text import normalize
 
 REDIS_KEY = "candidates"
 WRITTEN_KEY = "candidates:written"  # set once the store has been written, even if empty since

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from app.core.text import normalize
+from core.text import normalize
 
 Split = Literal["train", "validation", "test"]
 

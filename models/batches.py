@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from app.core.encoder import cut_context, pad, prefix_length
+from core.encoder import cut_context, pad, prefix_length
 
 
 class Tokenise:
@@ -30,7 +30,7 @@ class Tokenise:
         self.context_head = 0
         if context_prefix:
             # A plain left cut would take the query prefix first; cut as serving does
-            # (app/core/encoder.py): whole, then between the prefix and the oldest turn.
+            # (core/encoder.py): whole, then between the prefix and the oldest turn.
             self.context.no_truncation()
             self.context.no_padding()
             self.context_head = prefix_length(self.context, context_prefix)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from app.core.text import normalize
+from core.text import normalize
 from index.corpus import load_pairs
 from models.ood import held_out_keys
 from models.written_korean import TRANSLATED, WRITTEN, written_conversations

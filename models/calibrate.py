@@ -32,11 +32,11 @@ from typing import Any
 import numpy as np
 
 from app.config import Settings
-from app.core.bundle import Thresholds, open_bundle, update_manifest
-from app.core.encoder import Encoder
 from app.engine.confidence import ConfidenceModel
 from app.engine.runtime import load_serving
-from index.store import IndexStore
+from core.bundle import Thresholds, open_bundle, update_manifest
+from core.encoder import Encoder
+from core.store import IndexStore
 from models import confidence as fitting
 from models.evalset import eval_set
 from models.walk import SOURCES, WalkFeatures, replay, shares, source_utility, sources, utility

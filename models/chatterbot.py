@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from app.core.text import normalize
+from core.text import normalize
 from index.corpus import MAX_CANDIDATE_CHARS
 from models.dataset import TrainPairs
 from models.evalset import KOREAN_DEV, KOREAN_TESTS, korean_rows

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.core.bundle import ConfidenceSpec
+from core.bundle import ConfidenceSpec
 
 L2 = 1e-2  # on standardised features: keeps weights finite when a feature separates the labels
 NEWTON_STEPS = 25

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.core.text import normalize
+from core.text import normalize
 from index.corpus import MAX_CANDIDATE_CHARS, load_pairs
 
 TURN_SEPARATOR = " [SEP] "  # Dialog-BERT: an explicit separator between turns helps

@@ -50,8 +50,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from app.core.bundle import TOKENIZER_FILE, open_bundle
-from app.core.encoder import Encoder
+from core.bundle import TOKENIZER_FILE, open_bundle
+from core.encoder import Encoder
 from index.corpus import split_summary
 from models import student_targets
 from models.batches import BatchPlan, Tokenise

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from app.core.text import normalize
+from core.text import normalize
 from index.corpus import Split, load_pairs
 
 CANDIDATES = 100

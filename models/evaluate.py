@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from app.config import Settings
-from app.core.bundle import RELEASE_BUNDLE, list_bundles, open_bundle, update_manifest
-from app.core.encoder import Encoder
 from app.engine.runtime import NotReady, load_serving
-from index.store import IndexStore
+from core.bundle import RELEASE_BUNDLE, list_bundles, open_bundle, update_manifest
+from core.encoder import Encoder
+from core.store import IndexStore
 from models.evalset import EvalSet, eval_set
 from models.tables import confidence as confidence_table
 from models.tables import reactions as reactions_table

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from app.core.bundle import (
+from core.bundle import (
     ENCODER_FILE,
     MANIFEST,
     REACTIONS_FILE,
@@ -33,7 +33,7 @@ from app.core.bundle import (
     seal,
     write_manifest,
 )
-from app.core.encoder import OUTPUT_NAMES, POLY_OUTPUT, Encoder
+from core.encoder import OUTPUT_NAMES, POLY_OUTPUT, Encoder
 from models.encoder import DualEncoder, load_pretrained, minilm_path
 from models.fusion import fuse_bert
 from models.reactions import ReactionModel

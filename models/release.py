@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from app.core.bundle import MANIFEST, RELEASE_BUNDLE, BundleManifest, open_bundle, update_manifest
+from core.bundle import MANIFEST, RELEASE_BUNDLE, BundleManifest, open_bundle, update_manifest
 
 MAX_RELEASE_BYTES = 40 * 1024 * 1024  # the release is tracked in git
 ZERO_SHOT = ("minilm-l6-zeroshot-int8", "multilingual-e5-small-int8")  # bench.ood's zero-shot baselines
@@ -263,7 +263,7 @@ def promote(bundle: Path, evidence: Evidence, waivers: dict[str, str], target: P
 
 def korean_dev(candidate: Path, bundles: Path) -> dict[str, dict[str, float]]:
     """Our Korean dev set (1-of-300) for the candidate and the Korean baselines that are built."""
-    from app.core.encoder import Encoder
+    from core.encoder import Encoder
     from models.evalset import korean_rows
     from models.multilingual_release import far_half, korean_figures
 

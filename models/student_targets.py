@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from app.core.bundle import open_bundle
-from app.core.encoder import Encoder
+from core.bundle import open_bundle
+from core.encoder import Encoder
 from models.batches import BatchPlan
 from models.broad_text import BroadText, broad_text
 from models.dataset import TURN_SEPARATOR, TrainPairs, train_pairs

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from app.core.bundle import open_bundle
-from app.core.encoder import Encoder
+from core.bundle import open_bundle
+from core.encoder import Encoder
 from models.dataset import TrainPairs
 
 CHUNK = 2048

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from app.core.bundle import TOKENIZER_FILE, PolySpec
+from core.bundle import TOKENIZER_FILE, PolySpec
 from index.corpus import split_summary
 from models import teacher_vectors
 from models.batches import Tokenise

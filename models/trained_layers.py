@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from app.core.bundle import sha256_file
+from core.bundle import sha256_file
 from models.e5_weights import E5Weights
 
 RELEASE_LAYERS = Path(__file__).resolve().parent / "release" / "multilingual-layers"

@@ -24,12 +24,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.core.bundle import Thresholds
-from app.core.encoder import Encoder
-from app.core.text import echoes
 from app.engine import retriever
 from app.engine.confidence import ConfidenceModel, features
 from app.engine.retriever import Avoid, Serving
+from core.bundle import Thresholds
+from core.encoder import Encoder
+from core.text import echoes
 
 SOURCES = ("query_similarity", "reply_matching", "reaction")
 

@@ -19,7 +19,7 @@ gain on those sets from this file can overstate what a set from other
 sources would show.
 
 At load time a conversation is also dropped whole when any of its lines is
-a near copy of an evaluation line (app.core.text.near_copy: the same words
+a near copy of an evaluation line (core.text.near_copy: the same words
 up to case and punctuation, or most of them), so an edit of this file
 cannot bring one back.
 
@@ -43,8 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from app.core.encoder import Encoder
-from app.core.text import Signature, near_copy
+from core.encoder import Encoder
+from core.text import Signature, near_copy
 from models.chatterbot import held_out_lines, language_pairs
 from models.dataset import TrainPairs
 

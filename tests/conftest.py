@@ -17,12 +17,12 @@ import torch
 from fastapi import FastAPI
 
 from app.config import Settings
-from app.core.bundle import MANIFEST, TOKENIZER_FILE, PolySpec, ReactionSpec, read_manifest
-from app.core.encoder import Encoder
 from app.main import create_app
+from core.bundle import MANIFEST, TOKENIZER_FILE, PolySpec, ReactionSpec, read_manifest
+from core.encoder import Encoder
+from core.records import Candidate
+from core.store import IndexStore
 from index.build import build_version
-from index.records import Candidate
-from index.store import IndexStore
 from models.encoder import DualEncoder, minilm_path, tiny_body
 from models.export import ExportConfig, export_bundle
 from models.poly import PolyHead

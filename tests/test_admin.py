@@ -16,9 +16,9 @@ import httpx
 import pytest
 import redis
 
-from app.core import encoder as encoder_module
 from app.engine.jobs import FileJobStore, Job, RedisLock
-from index.store import OWNER, IndexStore
+from core import encoder as encoder_module
+from core.store import OWNER, IndexStore
 from tests.conftest import REDIS_URL, AppFactory
 
 pytestmark = pytest.mark.anyio
@@ -526,7 +526,7 @@ async def test_a_load_that_raises_is_logged_and_kept_for_readiness(
     own_artifacts: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     from app.main import create_app
-    from index.store import REPLY_INDEX
+    from core.store import REPLY_INDEX
     from tests.conftest import settings_for
 
     store = IndexStore(own_artifacts / "indexes")

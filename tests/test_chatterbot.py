@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.core.text import normalize
+from core.text import normalize
 from models.chatterbot import chatterbot_pairs, held_out_lines, language_pairs
 from models.multilingual import BundleSpec
 from models.multilingual_tune import OtherLanguages, TuneConfig

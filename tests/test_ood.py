@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.core.text import normalize
+from core.text import normalize
 from models.broad_text import BroadText, prose_sentences
 from models.ood import STS_DIR, available_sts, chatterbot_set, held_out_keys, sts_set
 from models.reactions import reaction_key

@@ -8,11 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
 
-from app.core.text import Signature, near_copy, normalize
 from app.engine.cache import EmbeddingCache
 from app.engine.kv import open_store
 from app.engine.sessions import SessionStore
 from app.schemas import MAX_SESSION_ID_CHARS, SessionId
+from core.text import Signature, near_copy, normalize
 
 SESSION_ID = TypeAdapter(SessionId)
 valid_ids = st.from_regex(r"\A[A-Za-z0-9._:-]{1,128}\Z")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.core.bundle import MANIFEST, RELEASE_BUNDLE, open_bundle
+from core.bundle import MANIFEST, RELEASE_BUNDLE, open_bundle
 from index.corpus import split_summary
 from models.release import GATES, MAX_RELEASE_BYTES
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.core.bundle import BundleManifest
+from core.bundle import BundleManifest
 from models.release import E5, MINILM, MULTILINGUAL_BEFORE, Evidence, check
 
 

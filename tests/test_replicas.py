@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from app.engine.runtime import Runtime, build_runtime
-from index.store import REPLY_INDEX, BadVersion, IndexStore
+from core.store import REPLY_INDEX, BadVersion, IndexStore
 from tests.conftest import settings_for
 
 LATER = "v20990101T000000000000-abcdef"
@@ -68,7 +68,7 @@ def test_a_pointer_naming_a_path_reads_as_no_version(runtime: Runtime) -> None:
 def test_another_hosts_staging_is_removed_only_once_abandoned(tmp_path: Path) -> None:
     import os
 
-    from index.store import OWNER, STAGING_ABANDONED_S
+    from core.store import OWNER, STAGING_ABANDONED_S
 
     store = IndexStore(tmp_path / "indexes")
     building, abandoned = store.stage(), store.stage()

@@ -6,7 +6,7 @@ import unicodedata
 
 import pytest
 
-from app.core.text import Signature, echoes, near_copy, normalize, script_of
+from core.text import Signature, echoes, near_copy, normalize, script_of
 
 
 def test_normalize_folds_case_width_and_whitespace() -> None:

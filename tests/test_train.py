@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from app.core.bundle import TOKENIZER_FILE, BundleError, open_bundle, read_manifest
-from app.core.encoder import Encoder
 from app.engine.runtime import NotReady, build_runtime
+from core.bundle import TOKENIZER_FILE, BundleError, open_bundle, read_manifest
+from core.encoder import Encoder
+from core.store import IndexStore
 from index.build import build_version, corpus_candidates
-from index.store import IndexStore
 from models import teacher as teacher_stage
 from models.batches import BatchPlan, Tokenise
 from models.calibrate import calibrate

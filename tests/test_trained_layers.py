@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from app.core.bundle import open_bundle, write_manifest
-from app.core.encoder import Encoder
+from core.bundle import open_bundle, write_manifest
+from core.encoder import Encoder
 from models.batches import Tokenise
 from models.e5_weights import reference_forward
 from models.encoder import DualEncoder

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from app.uploads import UploadError, parse_upload
+from core.records import Candidate
 from index.candidates import RECORD_LINES, apply, duplicates
-from index.records import Candidate
 
 
 def parse(body: bytes, content_type: str, on_invalid: str = "reject") -> Any:

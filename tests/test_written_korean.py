@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from app.core.text import Signature, near_copy
+from core.text import Signature, near_copy
 from index.corpus import load_conversations, split_of
 from models.multilingual import BundleSpec
 from models.multilingual_tune import OtherLanguages, TuneConfig

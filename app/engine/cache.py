@@ -13,8 +13,8 @@ from collections import OrderedDict
 
 import numpy as np
 
-from app.core.text import normalize
 from app.engine.kv import Guarded
+from core.text import normalize
 
 
 class EmbeddingCache:

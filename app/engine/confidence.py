@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from app.core.bundle import ConfidenceSpec
+from core.bundle import ConfidenceSpec
 
 DEPTH = 10  # reply-matching hits the features look at
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.core.encoder import OUTPUT_NAMES, POLY_OUTPUT, Encoder
 from app.engine.batcher import Batcher
+from core.encoder import OUTPUT_NAMES, POLY_OUTPUT, Encoder
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from app.core.bundle import Thresholds
-from app.core.text import normalize
 from app.engine import retriever
 from app.engine.encoding import EncodeJob
 from app.engine.retriever import Answer, Serving, Strategy
 from app.engine.runtime import Runtime
 from app.engine.sessions import SessionTurn
+from core.bundle import Thresholds
+from core.text import normalize
 
 log = logging.getLogger(__name__)
 

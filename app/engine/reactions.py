@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from app.core.bundle import REACTIONS_FILE, ReactionSpec
+from core.bundle import REACTIONS_FILE, ReactionSpec
 
 
 @dataclass(frozen=True)

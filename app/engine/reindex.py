@@ -28,10 +28,10 @@ from typing import Any
 from app.engine.jobs import THIS_PROCESS, Job, JobStore, Lock, Renewer, fail_dead
 from app.engine.runtime import Runtime
 from app.engine.stats import Buckets
+from core.records import Candidate
+from core.store import IndexStore
 from index.build import build_version
 from index.candidates import RECORD_LINES, CandidateStore, apply, duplicates
-from index.records import Candidate
-from index.store import IndexStore
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
 
 from app.engine.runtime import Runtime
-from index.store import VERSION_NAME
+from core.store import VERSION_NAME
 
 log = logging.getLogger(__name__)
 

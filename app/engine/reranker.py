@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.core.bundle import PolySpec
+from core.bundle import PolySpec
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:

@@ -14,15 +14,15 @@ from typing import Literal
 
 import numpy as np
 
-from app.core.bundle import BundleManifest, Thresholds
-from app.core.encoder import Encoder
-from app.core.text import SCRIPT_OF_LANGUAGE, Signature, echoes, normalize, script_of
 from app.engine import confidence
 from app.engine.confidence import ConfidenceModel, ShareThreshold
 from app.engine.confidence import features as confidence_features
 from app.engine.reactions import ReactionClassifier
 from app.engine.reranker import PolyReranker
-from index.store import IndexVersion
+from core.bundle import BundleManifest, Thresholds
+from core.encoder import Encoder
+from core.store import IndexVersion
+from core.text import SCRIPT_OF_LANGUAGE, Signature, echoes, normalize, script_of
 
 Strategy = Literal["query_similarity", "reply_matching", "reaction"]
 

@@ -20,8 +20,6 @@ import faiss
 from threadpoolctl import threadpool_limits
 
 from app.config import Settings
-from app.core.bundle import BundleError, BundleManifest, open_bundle
-from app.core.encoder import Encoder
 from app.engine.cache import EmbeddingCache
 from app.engine.compute import ComputePool
 from app.engine.confidence import ConfidenceModel, ShareThreshold
@@ -31,7 +29,9 @@ from app.engine.reactions import ReactionClassifier
 from app.engine.reranker import PolyReranker
 from app.engine.retriever import Serving
 from app.engine.sessions import SessionStore
-from index.store import IndexStore, IndexVersion
+from core.bundle import BundleError, BundleManifest, open_bundle
+from core.encoder import Encoder
+from core.store import IndexStore, IndexVersion
 
 log = logging.getLogger(__name__)
 

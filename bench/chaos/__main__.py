@@ -43,10 +43,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.core.bundle import RELEASE_BUNDLE, BundleManifest, open_bundle
 from bench.chaos import load_faults, redis_faults, reindex_faults, replicas, security, sessions
 from bench.chaos.context import QUICK, Context, Durations
 from bench.chaos.harness import link_or_copy
+from core.bundle import RELEASE_BUNDLE, BundleManifest, open_bundle
 
 Scenario = tuple[str, str, Callable[[Context], dict[str, Any]]]
 # These reindex: they serve the sampled index (see the docstring).
@@ -150,9 +150,9 @@ def sample_artifacts(full: Path | None, root: Path, n: int, manifest: BundleMani
     From the full index when there is one: its version is linked in so that the build reuses its stored
     vectors (seconds: only the graph is built), then dropped. Otherwise n chitchat train candidates are
     encoded (CI: about 10 s for 2,000). Returns the dir and what it holds, for the report."""
-    from app.core.encoder import Encoder
+    from core.encoder import Encoder
+    from core.store import IndexStore
     from index.build import build_version, corpus_candidates
-    from index.store import IndexStore
 
     store = IndexStore(root / "indexes")
     full_store = IndexStore(full / "indexes") if full else None
@@ -180,7 +180,7 @@ def sample_artifacts(full: Path | None, root: Path, n: int, manifest: BundleMani
 
 
 def full_index(artifacts: Path, checksum: str) -> tuple[Path, str] | None:
-    from index.store import IndexStore
+    from core.store import IndexStore
 
     store = IndexStore(artifacts / "indexes")
     version = store.latest_for(checksum)

@@ -199,7 +199,7 @@ def link_or_copy(source: str, target: str) -> None:
 
 def chaos_artifacts(source: Path, target: Path, bundle_checksum: str) -> Path:
     """A private artifacts dir holding the index version built for the bundle (hard links: versions are immutable)."""
-    from index.store import IndexStore
+    from core.store import IndexStore
 
     store = IndexStore(source / "indexes")
     version = store.latest_for(bundle_checksum)

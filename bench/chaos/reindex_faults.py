@@ -13,7 +13,7 @@ from typing import Any
 from app.engine.jobs import FINISHING_GRACE_S, LOCK_TTL_S
 from bench.chaos.context import Context
 from bench.chaos.harness import Service, rows, summary, traffic, wait_for
-from index.store import IndexStore
+from core.store import IndexStore
 
 
 def appendix(tag: str, n: int = 20) -> list[dict[str, str]]:

@@ -14,7 +14,7 @@ import httpx
 
 from bench.chaos.context import SESSION_TURNS, Context, check_sessions, stored_sessions
 from bench.chaos.harness import Service, rows, summary, traffic, wait_for
-from index.store import IndexStore
+from core.store import IndexStore
 
 CONVERGE_BAR_S = 10.0
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from app.core.encoder import Encoder
 from app.engine.reactions import ReactionClassifier
+from core.encoder import Encoder
 from index.corpus import load_pairs
 from models.reactions import ReactionSet
 

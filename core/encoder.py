@@ -15,7 +15,7 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
-from app.core.bundle import ENCODER_FILE, TOKENIZER_FILE, BundleManifest
+from core.bundle import ENCODER_FILE, TOKENIZER_FILE, BundleManifest
 
 Side = Literal["context", "reply"]
 

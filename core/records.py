@@ -7,7 +7,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-from app.core.text import normalize
+from core.text import normalize
 
 
 @dataclass(frozen=True, slots=True)  # slots: a reindex holds ~100k of them, ~200 bytes less each

@@ -37,9 +37,9 @@ from typing import Any
 import faiss
 import numpy as np
 
-from app.core.text import normalize
-from index import ann
-from index.records import Candidate, from_json, to_json
+from core import ann
+from core.records import Candidate, from_json, to_json
+from core.text import normalize
 
 MANIFEST = "manifest.json"
 POINTER = "CURRENT"
