@@ -15,9 +15,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
-from app.engine.retriever import Strategy
 from app.engine.stats import Buckets
 from app.limits import Admission
+from core.retriever import Strategy
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 # The operations app.engine.kv.Guarded counts failures of (tests/test_metrics.py keeps the two in step).

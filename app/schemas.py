@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, field_validator
 
-from app.engine.retriever import Strategy
+from core.retriever import Strategy
 
 MAX_TURNS = 20  # a reply looks at the last few turns; 20 is generous for any client
 MAX_TURN_CHARS = 1000  # about 250 tokens, past the encoder's context window anyway

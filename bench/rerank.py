@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from app.config import Settings
-from app.engine import retriever
 from app.engine.runtime import limit_cpu_threads, load_serving
 from bench.latency import test_contexts
+from core import retriever
 from core.bundle import read_manifest
 from core.encoder import Encoder
 from core.store import IndexStore

@@ -78,7 +78,7 @@ class ConfidenceSpec:
     """Logistic regression over features of reply matching's hits: the
     probability that its top reply is acceptable (`models/confidence.py`)."""
 
-    features: list[str]  # names, computed by `app.engine.confidence.features`
+    features: list[str]  # names, computed by `core.confidence.features`
     mean: list[float]  # per feature: standardisation fitted on validation turns
     scale: list[float]
     weight: list[float]

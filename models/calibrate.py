@@ -32,9 +32,9 @@ from typing import Any
 import numpy as np
 
 from app.config import Settings
-from app.engine.confidence import ConfidenceModel
 from app.engine.runtime import load_serving
 from core.bundle import Thresholds, open_bundle, update_manifest
+from core.confidence import ConfidenceModel
 from core.encoder import Encoder
 from core.store import IndexStore
 from models import confidence as fitting

@@ -4,7 +4,7 @@
 (`models/walk.py`): the judge cosine between the answer and the reply the
 person sent is at least the off-topic line. The model is a logistic
 regression over features of reply matching's hits and of the context
-(`app/engine/confidence.py`), fitted on validation turns with a little L2;
+(`core/confidence.py`), fitted on validation turns with a little L2;
 the service evaluates it in a few numpy operations.
 """
 

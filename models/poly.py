@@ -12,7 +12,7 @@ frozen student's cached token outputs gained +0.4 R@1 on test, and the
 bi-encoder's own top-8 wrong replies as hard negatives cut validation R@1
 after rerank from 0.387 to 0.296 (in chit-chat those are mostly acceptable
 replies too).
-`app/engine/reranker.py` is the numpy twin of `rescore` below.
+`core/reranker.py` is the numpy twin of `rescore` below.
 """
 
 from __future__ import annotations

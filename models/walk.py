@@ -24,11 +24,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.engine import retriever
-from app.engine.confidence import ConfidenceModel, features
-from app.engine.retriever import Avoid, Serving
+from core import retriever
 from core.bundle import Thresholds
+from core.confidence import ConfidenceModel, features
 from core.encoder import Encoder
+from core.retriever import Avoid, Serving
 from core.text import echoes
 
 SOURCES = ("query_similarity", "reply_matching", "reaction")
@@ -38,7 +38,7 @@ SOURCES = ("query_similarity", "reply_matching", "reaction")
 class WalkFeatures:
     query_score: np.ndarray  # [N] cosine of the nearest stored query to the last turn
     reply_score: np.ndarray  # [N] top reply-matching score, reranked when the bundle has a poly head
-    reply_features: dict[str, np.ndarray]  # name -> [N], what the confidence model reads (`app.engine.confidence`)
+    reply_features: dict[str, np.ndarray]  # name -> [N], what the confidence model reads (`core.confidence`)
     answers: dict[str, list[str]]  # source -> [N] the text it would serve
     judged: dict[str, np.ndarray]  # source -> [N] judge cosine between its answer and the true reply
     has_reactions: bool

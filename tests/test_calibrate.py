@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from app.engine.confidence import ConfidenceModel
+from core.confidence import ConfidenceModel
 from models.calibrate import ALWAYS, fit
 from models.confidence import auroc
 from models.confidence import fit as fit_confidence

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from app.engine.confidence import ConfidenceModel, ShareThreshold
 from app.engine.runtime import load_model, serve
 from core.bundle import ConfidenceSpec
+from core.confidence import ConfidenceModel, ShareThreshold
 from core.store import IndexStore
 from tests.conftest import settings_for
 

@@ -10,8 +10,8 @@ import pytest
 
 from app.engine import pipeline
 from app.engine.pipeline import ReplyOptions
-from app.engine.retriever import Strategy
 from app.engine.runtime import Runtime, build_runtime
+from core.retriever import Strategy
 from tests.conftest import settings_for
 
 pytestmark = pytest.mark.anyio

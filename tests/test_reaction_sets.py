@@ -11,10 +11,10 @@ import httpx
 import numpy as np
 import pytest
 
-from app.engine.reactions import ReactionClassifier
-from app.engine.retriever import Avoid, ReactionSet, reaction
 from app.engine.runtime import build_runtime
 from core.bundle import REACTIONS_FILE, ReactionSpec
+from core.reactions import ReactionClassifier
+from core.retriever import Avoid, ReactionSet, reaction
 from tests.conftest import AppFactory, settings_for
 from tests.test_admin import AUTH, TOKEN, upload
 

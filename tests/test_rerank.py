@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from app.engine.reranker import PolyReranker
 from app.engine.runtime import build_runtime
 from app.main import create_app
 from core.bundle import PolySpec
+from core.reranker import PolyReranker
 from models import poly
 from models.evalset import reranked_ranks
 from tests.conftest import REACTION_LABELS, loaded, settings_for

@@ -9,12 +9,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from app.engine import retriever
 from app.engine.encoding import EncodeJob
-from app.engine.retriever import Answer, Serving, Strategy
 from app.engine.runtime import Runtime
 from app.engine.sessions import SessionTurn
+from core import retriever
 from core.bundle import Thresholds
+from core.retriever import Answer, Serving, Strategy
 from core.text import normalize
 
 log = logging.getLogger(__name__)

@@ -22,15 +22,15 @@ from threadpoolctl import threadpool_limits
 from app.config import Settings
 from app.engine.cache import EmbeddingCache
 from app.engine.compute import ComputePool
-from app.engine.confidence import ConfidenceModel, ShareThreshold
 from app.engine.encoding import EncoderQueue, encoder_queue
 from app.engine.kv import Guarded, open_store
-from app.engine.reactions import ReactionClassifier
-from app.engine.reranker import PolyReranker
-from app.engine.retriever import Serving
 from app.engine.sessions import SessionStore
 from core.bundle import BundleError, BundleManifest, open_bundle
+from core.confidence import ConfidenceModel, ShareThreshold
 from core.encoder import Encoder
+from core.reactions import ReactionClassifier
+from core.reranker import PolyReranker
+from core.retriever import Serving
 from core.store import IndexStore, IndexVersion
 
 log = logging.getLogger(__name__)

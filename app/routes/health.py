@@ -9,10 +9,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from app.deps import RuntimeDep
-from app.engine.retriever import Serving
 from app.engine.runtime import QUERY_SIMILARITY_OFF, Runtime
 from app.errors import ErrorKind, responses
 from app.schemas import Health, Info, Readiness
+from core.retriever import Serving
 from core.text import SCRIPT_OF_LANGUAGE
 
 router = APIRouter(tags=["health"])

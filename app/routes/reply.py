@@ -5,9 +5,9 @@ from fastapi import APIRouter, Request
 from app import logs
 from app.deps import RuntimeDep
 from app.engine import pipeline
-from app.engine.retriever import STRATEGY_ORDER, Scored
 from app.errors import COMMON, ApiError, ErrorKind, responses
 from app.schemas import Candidate, ReplyRequest, ReplyResponse
+from core.retriever import STRATEGY_ORDER, Scored
 
 # not_found: every candidate was excluded (the bot's recent replies in a session, echoes of the user).
 router = APIRouter(tags=["reply"], responses=responses(*COMMON, ErrorKind.not_found))

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.confidence import ConfidenceModel
+from core.confidence import ConfidenceModel
 from models.confidence import auroc
 from models.tables import cell
 

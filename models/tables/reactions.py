@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.reactions import ReactionClassifier
 from core.encoder import Encoder
+from core.reactions import ReactionClassifier
 from index.corpus import load_pairs
 from models.reactions import ReactionSet
 

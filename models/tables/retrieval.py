@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.reranker import PolyReranker
 from core.encoder import Encoder
+from core.reranker import PolyReranker
 from index.corpus import load_conversations
 from models.evalset import EvalSet, metrics, ranks, reranked_ranks
 from models.tables import cell

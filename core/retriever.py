@@ -1,6 +1,8 @@
 """The retrieval strategies over one (bundle, index version) snapshot.
 
-Pure CPU code with no I/O: the caller runs it off the event loop.
+Pure CPU code with no I/O: the caller runs it off the event loop. The service
+runs it per request; `models/walk.py` replays it on held-out turns to calibrate
+and evaluate what is served.
 """
 
 from __future__ import annotations
@@ -14,13 +16,13 @@ from typing import Literal
 
 import numpy as np
 
-from app.engine import confidence
-from app.engine.confidence import ConfidenceModel, ShareThreshold
-from app.engine.confidence import features as confidence_features
-from app.engine.reactions import ReactionClassifier
-from app.engine.reranker import PolyReranker
+from core import confidence
 from core.bundle import BundleManifest, Thresholds
+from core.confidence import ConfidenceModel, ShareThreshold
+from core.confidence import features as confidence_features
 from core.encoder import Encoder
+from core.reactions import ReactionClassifier
+from core.reranker import PolyReranker
 from core.store import IndexVersion
 from core.text import SCRIPT_OF_LANGUAGE, Signature, echoes, normalize, script_of
 
