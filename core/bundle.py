@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from core.files import write_json_atomic
 
 MANIFEST = "manifest.json"
 ENCODER_FILE = "encoder.onnx"
@@ -168,9 +169,7 @@ def read_manifest(bundle_dir: Path) -> BundleManifest:
 
 def write_manifest(bundle_dir: Path, manifest: BundleManifest) -> None:
     """Atomic: a reader sees the old manifest or the new one, never half of one."""
-    tmp = bundle_dir / f".{MANIFEST}.{os.getpid()}"
-    tmp.write_text(json.dumps(manifest.to_dict(), indent=2, ensure_ascii=False) + "\n")
-    os.replace(tmp, bundle_dir / MANIFEST)
+    write_json_atomic(bundle_dir / MANIFEST, manifest.to_dict(), indent=2, sync_dir=True)
 
 
 def seal(bundle_dir: Path, manifest: BundleManifest) -> BundleManifest:

@@ -27,7 +27,6 @@ import re
 import shutil
 import socket
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -38,6 +37,7 @@ import faiss
 import numpy as np
 
 from core import ann
+from core.files import fsync_dir, write_atomic
 from core.records import Candidate, from_json, to_json
 from core.text import normalize
 
@@ -141,11 +141,7 @@ def _fsync_tree(directory: Path) -> None:
         if path.is_file():
             with path.open("rb") as f:
                 os.fsync(f.fileno())
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    fsync_dir(directory)
 
 
 class IndexStore:
@@ -182,10 +178,8 @@ class IndexStore:
     def set_current(self, version: str) -> None:
         if not (self.path(version) / MANIFEST).is_file():
             raise FileNotFoundError(f"no committed index version {version!r}")
-        # A temporary name of this thread's own: two threads (a reindex, a rollback) never share one.
-        tmp = self.root / f".{POINTER}.{os.getpid()}.{threading.get_ident()}"
-        tmp.write_text(version + "\n")
-        os.replace(tmp, self.root / POINTER)
+        # Two threads (a reindex, a rollback) may set it at once: each writes a temporary file of its own.
+        write_atomic(self.root / POINTER, version + "\n", sync_dir=True)
 
     def latest_for(self, bundle_checksum: str) -> str | None:
         """The current version if it matches the bundle, else the newest that does."""

@@ -2,12 +2,11 @@
 
 Redis when configured (one hash, id -> record), otherwise a JSON-lines file
 on the artifact volume. Both replace their whole content atomically (RENAME,
-os.replace), so a reader never sees half an upload.
+`core.files.atomic_file`), so a reader never sees half an upload.
 """
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any, Protocol
 
 import redis
 
+from core.files import atomic_file
 from core.records import Candidate, from_json, to_json
 from core.text import normalize
 
@@ -92,13 +92,9 @@ class FileCandidateStore:
 
     def replace(self, candidates: Iterable[Candidate]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(f".tmp{os.getpid()}")
-        with tmp.open("w", encoding="utf-8") as f:
+        with atomic_file(self.path, "w", sync_dir=True) as f:
             for c in sorted(candidates, key=lambda c: c.key):
                 f.write(to_json(c) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
 
 
 def apply(current: list[Candidate], mode: str, upload: list[Candidate]) -> list[Candidate]:

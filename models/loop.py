@@ -10,7 +10,6 @@ after a crash and a resume are the weights it would have had.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -20,6 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 from tqdm import tqdm
+
+from core.files import atomic_file
 
 
 def lr_factor(step: int, total: int, warmup_fraction: float) -> float:
@@ -33,9 +34,8 @@ def lr_factor(step: int, total: int, warmup_fraction: float) -> float:
 def save_atomic(state: dict[str, Any], path: Path) -> None:
     """A crash while saving leaves the previous checkpoint, never half of one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    with atomic_file(path, "wb") as f:
+        torch.save(state, f)
 
 
 def run_steps(

@@ -13,13 +13,13 @@ bundle build read the same file the same way.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from core.bundle import sha256_file
+from core.files import atomic_file, write_json_atomic
 from models.e5_weights import E5Weights
 
 RELEASE_LAYERS = Path(__file__).resolve().parent / "release" / "multilingual-layers"
@@ -60,11 +60,10 @@ def overlay(weights: E5Weights, layers: dict[str, np.ndarray]) -> E5Weights:
 def write_release(folder: Path, layers: dict[str, np.ndarray], record: dict[str, Any]) -> None:
     """layers.npz and a manifest holding its sha256 and `record`; replaces what was there."""
     folder.mkdir(parents=True, exist_ok=True)
-    staging = folder / f".{LAYERS_FILE}.{os.getpid()}.npz"
-    np.savez(staging, **{name: value.astype(np.float16) for name, value in layers.items()})
-    manifest = {"file": LAYERS_FILE, "sha256": sha256_file(staging), **record}
-    os.replace(staging, folder / LAYERS_FILE)
-    (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+    with atomic_file(folder / LAYERS_FILE, "wb") as f:
+        np.savez(f, **{name: value.astype(np.float16) for name, value in layers.items()})
+    manifest = {"file": LAYERS_FILE, "sha256": sha256_file(folder / LAYERS_FILE), **record}
+    write_json_atomic(folder / MANIFEST_FILE, manifest, indent=2)
 
 
 def read_release(folder: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

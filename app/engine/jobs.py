@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import socket
 import threading
 import time
@@ -23,6 +22,8 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import redis
+
+from core.files import write_atomic
 
 JobState = Literal["queued", "running", "succeeded", "failed"]
 JOB_TTL_S = 7 * 24 * 3600
@@ -155,9 +156,7 @@ class FileJobStore:
     def save(self, job: Job) -> None:
         job.updated_at = time.time()
         self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.root / f".{job.id}.tmp"
-        tmp.write_text(json.dumps(asdict(job)))
-        os.replace(tmp, self.root / f"{job.id}.json")
+        write_atomic(self.root / f"{job.id}.json", json.dumps(asdict(job)))
         if not job.active:
             self.expire()
 
