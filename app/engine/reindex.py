@@ -1,4 +1,4 @@
-"""Zero-downtime reindex: build off to the side, validate, swap, tell the replicas.
+"""Zero-downtime reindex jobs: build off to the side, validate, swap, tell the replicas.
 
 A job runs in a background thread at lower CPU priority (nice 10, inherited
 by its encoder's threads), so live requests keep most of the machine. Nothing is written to the
@@ -9,33 +9,32 @@ The swap is the job's last step that can fail it. Telling the other replicas
 and pruning old versions come after; their failures are reported in the job
 (`report["after_swap"]`) and do not fail it: the new version serves, and the
 other replicas find it at the pointer within seconds (`replicas.Follower`).
+
+The lock (`claim`) and the steps after a swap (`after_swap`) are shared with
+`rollback.py`; which versions exist and which are pruned is `versions.py`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import gc
 import logging
 import os
-import shutil
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
-from app.engine.jobs import THIS_PROCESS, Job, JobStore, Lock, Renewer, fail_dead
+from app.engine.jobs import Job, JobStore, Lock, Renewer, fail_dead
+from app.engine.memory import return_freed_memory
 from app.engine.runtime import Runtime
 from app.engine.stats import Buckets
+from app.engine.versions import prune
 from core.records import Candidate
-from core.store import IndexStore
 from index.build import build_version
 from index.candidates import RECORD_LINES, CandidateStore, apply, duplicates
 
 log = logging.getLogger(__name__)
 
-KEEP_VERSIONS = 3  # the serving one, the rollback target, and one more
 BACKGROUND_NICE = 10  # Linux: per-thread niceness; inherited by threads it starts
 # A job's final state is retried this long: unsaved, the job would read as running,
 # then as interrupted, whatever really happened.
@@ -110,7 +109,7 @@ class Reindexer:
             # the job finished, its next upload must not get 409.
             holding.release()
             self._save_final(job)
-            _return_freed_memory()
+            return_freed_memory()
 
     def _save_final(self, job: Job) -> None:
         deadline = time.monotonic() + FINAL_SAVE_S
@@ -167,9 +166,9 @@ class Reindexer:
         fresh = self.runtime.serve_version(manifest.version)
         self.candidates.replace(merged)  # only now: the new version is built and valid
         self.runtime.point_to(fresh, f"reindex job {job.id}")
-        job.report["after_swap"] = self._after_swap(manifest.version)
+        job.report["after_swap"] = self.after_swap(manifest.version)
 
-    def _after_swap(self, version: str) -> dict[str, str]:
+    def after_swap(self, version: str) -> dict[str, str]:
         """Tells the other replicas, and prunes. Each step's outcome, for the job's report: the
         version serves either way, and the replicas also find it at the pointer."""
         steps: dict[str, Callable[[], None]] = {
@@ -185,53 +184,3 @@ class Reindexer:
                 log.warning("after the swap to %s, %s failed: %s", version, step, error)
                 outcome[step] = f"failed: {type(error).__name__}: {error}"
         return outcome
-
-    def rollback(self) -> tuple[str, str, dict[str, str]]:
-        """Serve the version before the one the pointer names (this model's), on every replica.
-        Returns (from, to, what the steps after the swap did)."""
-        holding = self.claim(f"rollback-{uuid.uuid4().hex[:12]}@{THIS_PROCESS}")
-        try:
-            model = self.runtime.current_model()
-            # The pointer, not this replica's own copy: a replica that has not caught up
-            # would otherwise roll back from the wrong version.
-            current = self.runtime.store.current() or self.runtime.current().index_version
-            target = previous_version(self.runtime.store, model.bundle.checksum, current)
-            if target is None:
-                raise LookupError("no earlier index version built with this model")
-            fresh = self.runtime.serve_version(target)
-            if not holding.still_held():
-                raise RuntimeError("lost the reindex lock before the swap; nothing changed")
-            # The store goes back with the index: the next upload builds on what is served.
-            self.candidates.replace(self.runtime.store.records(target))
-            self.runtime.point_to(fresh, "rollback")
-            return current, target, self._after_swap(target)
-        finally:
-            holding.release()
-
-
-def _return_freed_memory() -> None:
-    """A build allocates and frees hundreds of MB (vectors, graphs, the records). glibc keeps
-    freed heap for reuse, so without this the process stays that much larger after every
-    reindex. malloc_trim hands it back to the OS."""
-    gc.collect()
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
-def same_model_versions(store: IndexStore, bundle_checksum: str) -> list[str]:
-    return [v for v in store.versions() if store.manifest(v).bundle_checksum == bundle_checksum]
-
-
-def previous_version(store: IndexStore, bundle_checksum: str, version: str) -> str | None:
-    older = [v for v in same_model_versions(store, bundle_checksum) if v < version]
-    return older[-1] if older else None
-
-
-def prune(runtime: Runtime, keep: int = KEEP_VERSIONS) -> None:
-    """Deletes all but this model's newest `keep` versions, never the one the pointer names or
-    this replica serves. Other models' versions are left alone: they are another bundle's index."""
-    serving = runtime.current()
-    spared = {serving.index_version, runtime.store.current()}
-    for version in same_model_versions(runtime.store, serving.bundle.checksum)[:-keep]:
-        if version not in spared:
-            shutil.rmtree(runtime.store.path(version), ignore_errors=True)

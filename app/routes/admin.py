@@ -15,7 +15,9 @@ from app import logs
 from app.admin import Admin
 from app.config import Settings
 from app.deps import RuntimeDep, SettingsDep
-from app.engine.reindex import Busy, previous_version
+from app.engine.reindex import Busy
+from app.engine.rollback import rollback as roll_back
+from app.engine.versions import previous_version
 from app.errors import COMMON, ApiError, ErrorKind, responses
 from app.uploads import Mode, OnInvalid, parse_upload, upload_body
 
@@ -127,7 +129,7 @@ async def rollback(admin: AdminDep) -> dict[str, Any]:
     """Serve the version before the current one (this model's), on every replica.
     `after_swap` says whether the other replicas were told at once (they follow the pointer anyway)."""
     try:
-        before, after, steps = await anyio.to_thread.run_sync(admin.reindexer.rollback)
+        before, after, steps = await anyio.to_thread.run_sync(roll_back, admin.reindexer)
     except LookupError as error:
         raise ApiError(ErrorKind.conflict, str(error)) from error
     return {"from": before, "to": after, "after_swap": steps}
