@@ -54,7 +54,7 @@ install-train: $(VENV)/.train  ## ... plus the training pipeline
 install-dev: $(VENV)/.dev  ## ... plus test and lint tools
 
 index: install  ## build the chitchat index for the release bundle (skipped if one exists)
-	$(PY) -m index.build --if-missing
+	$(PY) -m index --if-missing
 
 # uvicorn's own access log is off: the service writes one JSON line per request
 # itself (app/logs.py). On SIGTERM it drains in-flight requests for at most 20 s.
@@ -100,14 +100,14 @@ baselines: judge $(VENV)/.multilingual
 train: baselines  ## teacher -> student -> index -> calibrate -> eval (DEVICE=cuda to train on a GPU)
 	$(PY) -m models.multilingual_tune --steps 240 $(if $(DEVICE),--device $(DEVICE))
 	$(PY) -m models.e5_student $(if $(DEVICE),--device $(DEVICE))
-	$(PY) -m index.build --if-missing --bundle $(STUDENT)
+	$(PY) -m index --if-missing --bundle $(STUDENT)
 	$(PY) -m models.calibrate --bundle $(STUDENT) --judge $(JUDGE)
 	$(MAKE) eval
 
 # The English-only MiniLM pipeline that made the release before (teacher, 3-layer student, poly head).
 train-minilm: judge  ## train -> index -> calibrate the MiniLM student (PROFILE=full|quick)
 	$(PY) -m models.train --profile $(PROFILE)
-	$(PY) -m index.build --if-missing --bundle $(MINILM_STUDENT)
+	$(PY) -m index --if-missing --bundle $(MINILM_STUDENT)
 	$(PY) -m models.calibrate --bundle $(MINILM_STUDENT) --judge $(JUDGE)
 
 eval: judge  ## 1-of-100 report on held-out conversations -> reports/eval.{md,json}, reports/reliability.png

@@ -223,7 +223,7 @@ def main() -> None:
     if version is None:
         sys.exit(
             f"no index for bundle {bundle.name} under {artifacts}: "
-            f"python -m index.build --bundle {bundle_dir} --artifacts {artifacts}"
+            f"python -m index --bundle {bundle_dir} --artifacts {artifacts}"
         )
     print(f"[load] bundle {bundle.name} ({bundle_dir}), index {version}", flush=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHITCHAT_")}  # no Redis: nothing shared

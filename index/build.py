@@ -1,7 +1,4 @@
-"""Candidates -> a validated, committed index version.
-
-    python -m index.build                   # chitchat train split, best bundle
-    python -m index.build --if-missing      # only if no version matches the bundle
+"""Candidates -> a validated, committed index version (the command line: `python -m index`).
 
 Every distinct text is encoded once: the encoder graph returns the context
 and the reply vector in one pass, and a turn is often both a stored reply and
@@ -10,7 +7,6 @@ a stored query.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import shutil
 import sys
@@ -25,7 +21,6 @@ import numpy as np
 from tqdm import tqdm
 
 from core import ann
-from core.bundle import RELEASE_BUNDLE, open_bundle
 from core.encoder import Encoder
 from core.records import Candidate
 from core.store import QUERY_INDEX, REACTION_INDEX, REPLY_INDEX, IndexManifest, IndexStore, Tables
@@ -310,35 +305,3 @@ def corpus_candidates(max_context_turns: int, path: Path | None = None) -> list[
 
     pairs = load_pairs("train", max_context_turns, path)
     return [Candidate(reply=r.reply, query=r.query) for r in candidate_records(pairs)]
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--artifacts", type=Path, default=Path("artifacts"))
-    parser.add_argument("--bundle", type=Path, default=RELEASE_BUNDLE, help="bundle directory (default: the release)")
-    parser.add_argument("--if-missing", action="store_true", help="skip if a version for this bundle exists")
-    parser.add_argument("--no-reuse", action="store_true", help="encode every text, even ones a version has")
-    args = parser.parse_args()
-    bundle_dir = args.bundle
-    bundle = open_bundle(bundle_dir)
-    store = IndexStore(args.artifacts / "indexes")
-    existing = store.latest_for(bundle.checksum)
-    if args.if_missing and existing:
-        print(f"[index] {existing} already serves {bundle.name}; skipping")
-        store.set_current(existing)
-        return
-    started = time.perf_counter()
-    candidates = corpus_candidates(bundle.max_context_turns)
-    print(f"[index] {len(candidates)} chitchat train candidates in {time.perf_counter() - started:.1f}s")
-    encoder = Encoder(bundle_dir, bundle)
-    manifest = build_version(candidates, encoder, bundle.checksum, store, "chitchat:train", reuse=not args.no_reuse)
-    store.set_current(manifest.version)
-    print(
-        f"[index] {manifest.version}: {manifest.replies} replies, {manifest.queries} queries, "
-        f"{manifest.encoded} texts encoded, ann {manifest.ann}, checks {manifest.checks}, "
-        f"in {manifest.build_seconds:.1f}s"
-    )
-
-
-if __name__ == "__main__":
-    main()

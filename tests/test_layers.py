@@ -134,7 +134,7 @@ def test_the_rules_see_every_kind_of_import(tmp_path: Path) -> None:
     assert _public("app.client", "ChitchatClient") and _public("app.engine.runtime", "load_serving")
 
 
-@pytest.mark.parametrize("module", ["app.main", "index.build", "core.retriever"])
+@pytest.mark.parametrize("module", ["app.main", "index.build", "index.__main__", "core.retriever"])
 def test_serving_and_the_index_build_never_load_torch(module: str) -> None:
     probe = f"import sys, {module}; print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
     loaded = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
