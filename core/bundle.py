@@ -31,7 +31,7 @@ PAYLOAD_FILES = (ENCODER_FILE, TOKENIZER_FILE, REACTIONS_FILE)
 FORMAT_VERSION = 2
 # The release bundle tracked in git (`make release` promotes into it), found
 # from the source tree so that any working directory serves it.
-RELEASE_BUNDLE = Path(__file__).resolve().parents[2] / "models" / "release" / "chitchat"
+RELEASE_BUNDLE = Path(__file__).resolve().parents[1] / "models" / "release" / "chitchat"
 
 
 class BundleError(ValueError):
