@@ -13,7 +13,7 @@ below, on three kinds of evidence:
   candidate, zero-shot e5-small and the multilingual release before it.
 
 A gate that fails can only be waived by name with a reason
-(`--waive GATE=REASON`, repeatable; `make release WAIVE='GATE=REASON'`); the
+(`--waive GATE=REASON`, repeatable; `make release RELEASE_ARGS="--waive 'GATE=REASON'"`); the
 waiver is written into the released manifest, where /info shows it. Nothing
 is copied unless the release goes through, and the copy is staged and
 renamed into place.

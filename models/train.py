@@ -11,9 +11,10 @@ artifacts/checkpoints/<profile>/: rerunning the command skips finished
 stages and resumes the one in progress where it stopped. `--restart`
 starts over.
 
-After this, `make train` builds the student's index, calibrates it
-(`models/calibrate.py`) and evaluates every bundle (`models/evaluate.py`);
-`make release` promotes the student if its figures pass the gates.
+`make train-minilm` runs this, then builds the student's index and
+calibrates it (`models/calibrate.py`). `make train` and `make release` act on
+the multilingual student instead; docs/training.md has the commands that
+evaluate and release this one.
 """
 
 from __future__ import annotations
