@@ -19,12 +19,9 @@ import redis
 from app.engine.jobs import FileJobStore, Job, RedisLock
 from core import encoder as encoder_module
 from core.store import OWNER, IndexStore
-from tests.conftest import REDIS_URL, AppFactory
+from tests.helpers import AUTH, REDIS_URL, TOKEN, AppFactory, upload, wait_for
 
 pytestmark = pytest.mark.anyio
-
-TOKEN = "s3cret-token"
-AUTH = {"authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture
@@ -39,22 +36,6 @@ def own_artifacts(artifacts: Path, tmp_path: Path) -> Path:
 async def admin_client(make_client: AppFactory, own_artifacts: Path) -> AsyncIterator[httpx.AsyncClient]:
     async with make_client(artifacts_dir=own_artifacts, admin_token=TOKEN) as client:
         yield client
-
-
-async def wait_for(client: httpx.AsyncClient, job_id: str, timeout_s: float = 60) -> dict[str, Any]:
-    for _ in range(int(timeout_s * 20)):
-        job: dict[str, Any] = (await client.get(f"/admin/jobs/{job_id}", headers=AUTH)).json()
-        if job["state"] in ("succeeded", "failed"):
-            return job
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"job {job_id} did not finish: {job}")
-
-
-async def upload(client: httpx.AsyncClient, records: list[dict[str, Any]], mode: str = "append") -> dict[str, Any]:
-    path = "/admin/candidates/delete" if mode == "delete" else f"/admin/candidates?mode={mode}"
-    response = await client.post(path, json=records, headers=AUTH)
-    assert response.status_code == 202, response.text
-    return await wait_for(client, response.json()["job_id"])
 
 
 async def version_of(client: httpx.AsyncClient) -> str:
@@ -527,7 +508,7 @@ async def test_a_load_that_raises_is_logged_and_kept_for_readiness(
 ) -> None:
     from app.main import create_app
     from core.store import REPLY_INDEX
-    from tests.conftest import settings_for
+    from tests.helpers import settings_for
 
     store = IndexStore(own_artifacts / "indexes")
     current = store.current()

@@ -8,8 +8,7 @@ import httpx
 import pytest
 
 from app.engine.runtime import build_runtime
-from tests.conftest import PAIRS, REPLY_ONLY, AppFactory, settings_for
-from tests.test_admin import TOKEN, upload
+from tests.helpers import PAIRS, REPLY_ONLY, TOKEN, AppFactory, settings_for, upload
 
 pytestmark = pytest.mark.anyio
 

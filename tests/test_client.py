@@ -41,7 +41,7 @@ from app.client import (
 )
 from app.client.errors import from_response
 from app.main import create_app
-from tests.conftest import loaded, settings_for
+from tests.helpers import loaded, settings_for
 
 pytestmark = pytest.mark.anyio
 

@@ -11,7 +11,7 @@ from app.engine.runtime import load_model, serve
 from core.bundle import ConfidenceSpec
 from core.confidence import ConfidenceModel, ShareThreshold
 from core.store import IndexStore
-from tests.conftest import settings_for
+from tests.helpers import settings_for
 
 
 def test_until_warm_the_validation_threshold_holds() -> None:

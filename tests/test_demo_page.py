@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-from tests.conftest import bundle_of
+from tests.helpers import bundle_of
 
 if TYPE_CHECKING:
     from playwright.sync_api import Page, Route

@@ -12,7 +12,7 @@ from core.bundle import TOKENIZER_FILE, read_manifest, verify
 from core.encoder import Encoder
 from models.encoder import DualEncoder, minilm_path, tiny_body
 from models.export import ExportConfig, ParityError, export_bundle
-from tests.conftest import TINY_PARITY_TEXTS
+from tests.helpers import TINY_PARITY_TEXTS
 
 
 def test_int8_bundle_matches_torch_and_records_its_parity(artifacts: Path) -> None:

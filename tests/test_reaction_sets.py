@@ -15,8 +15,7 @@ from app.engine.runtime import build_runtime
 from core.bundle import REACTIONS_FILE, ReactionSpec
 from core.reactions import ReactionClassifier
 from core.retriever import Avoid, ReactionSet, reaction
-from tests.conftest import AppFactory, settings_for
-from tests.test_admin import AUTH, TOKEN, upload
+from tests.helpers import AUTH, TOKEN, AppFactory, settings_for, upload
 
 pytestmark = pytest.mark.anyio
 

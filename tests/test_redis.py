@@ -16,7 +16,7 @@ import redis
 
 from app.engine import kv as kv_module
 from app.engine.kv import UNKNOWN, open_store
-from tests.conftest import REDIS_URL, AppFactory, closed_port
+from tests.helpers import REDIS_URL, AppFactory, closed_port
 
 pytestmark = pytest.mark.anyio
 

@@ -11,7 +11,7 @@ import pytest
 
 from app.engine.runtime import Runtime, build_runtime
 from core.store import REPLY_INDEX, BadVersion, IndexStore
-from tests.conftest import settings_for
+from tests.helpers import settings_for
 
 LATER = "v20990101T000000000000-abcdef"
 

@@ -17,7 +17,7 @@ from core.bundle import PolySpec
 from core.reranker import PolyReranker
 from models import poly
 from models.evalset import reranked_ranks
-from tests.conftest import REACTION_LABELS, loaded, settings_for
+from tests.helpers import REACTION_LABELS, loaded, settings_for
 
 pytestmark = pytest.mark.anyio
 

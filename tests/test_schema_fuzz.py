@@ -14,7 +14,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 
 from app.main import create_app
-from tests.conftest import settings_for
+from tests.helpers import settings_for
 
 TOKEN = "fuzz-token"
 EXAMPLES = 30  # per operation and phase; about a minute on two cores

@@ -31,7 +31,7 @@ from models.reactions import ReactionSet
 from models.release import GATES, Evidence, ReleaseRefused, promote
 from models.teacher import train_teacher
 from models.train import run
-from tests.conftest import settings_for
+from tests.helpers import settings_for
 
 REACTIONS = ["haha", "Hahahaha!", "yeah", "nice", "oh no", "cool!"]
 TOPICS = ["dogs", "pizza", "hiking", "movies", "school", "music", "weather", "games", "travel", "work"]

@@ -22,7 +22,7 @@ from models.multilingual import PARALLEL, BundleSpec, build_bundle, built_with, 
 from models.multilingual_release import gates, korean_figures, translation_top1, tune_source
 from models.multilingual_tune import freeze_below, trained_parameter_names
 from models.trained_layers import interpolate, overlay, read_release, write_release
-from tests.test_multilingual import TEXTS, _tokenizer_path, tiny
+from tests.training.tiny_bert import TEXTS, tiny, tokenizer_path
 
 
 def trained(weights_tensors: dict[str, np.ndarray], layer: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -116,7 +116,7 @@ def test_a_bundle_serves_the_trained_layers_and_names_them(tmp_path: Path) -> No
     layers, record = read_release(tmp_path / "release")
     spec = tuned_spec(record, record["sha256"])
     spec = BundleSpec(**{**spec.__dict__, "quantize": False})  # fp32: exact comparison with the reference
-    out = build_bundle(overlay(weights, layers), spec, _tokenizer_path(), tmp_path / "tuned", TEXTS)
+    out = build_bundle(overlay(weights, layers), spec, tokenizer_path(), tmp_path / "tuned", TEXTS)
     manifest = open_bundle(out)
     assert manifest.kind == "fine-tuned" and manifest.training["layers"]["sha256"] == record["sha256"]
     assert built_with(out) == record["sha256"] and built_with(tmp_path / "nothing") is None
