@@ -1,7 +1,8 @@
-"""Session fixtures: a tiny random encoder exported through the real pipeline,
+"""Session fixtures: tiny random encoder bundles (built without torch, `tests/tiny_bundle.py`)
 and a small synthetic index built with the real index builder.
 
-Fixtures only; what test modules share besides fixtures is in `tests/helpers.py`."""
+Fixtures only; what test modules share besides fixtures is in `tests/helpers.py`.
+Nothing here may import torch: the service's tests run in a venv without it."""
 
 from __future__ import annotations
 
@@ -13,17 +14,12 @@ import httpx
 import numpy as np
 import pytest
 import redis
-import torch
 
 from app.main import create_app
-from core.bundle import TOKENIZER_FILE, PolySpec, ReactionSpec, read_manifest
+from core.bundle import PolySpec, ReactionSpec, read_manifest
 from core.encoder import Encoder
 from core.store import IndexStore
 from index.build import build_version
-from models.encoder import DualEncoder, minilm_path, tiny_body
-from models.export import ExportConfig, export_bundle
-from models.poly import PolyHead
-from models.reactions import ReactionModel
 from tests.helpers import (
     REACTION_LABELS,
     REDIS_URL,
@@ -33,6 +29,7 @@ from tests.helpers import (
     settings_for,
     tiny_candidates,
 )
+from tests.tiny_bundle import TinyReactions, build_tiny_bundle
 
 
 @pytest.fixture(scope="session")
@@ -40,9 +37,8 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-def export_and_index(model: DualEncoder, config: ExportConfig, root: Path) -> Path:
-    """root/bundles/<config.name> and one current index version of the tiny candidates built with it."""
-    bundle_dir = export_bundle(model, config, root / "bundles", TINY_PARITY_TEXTS)
+def index_tiny_candidates(root: Path, bundle_dir: Path) -> Path:
+    """One current index version of the tiny candidates under root/indexes, built with the bundle."""
     bundle = read_manifest(bundle_dir)
     store = IndexStore(root / "indexes")
     manifest = build_version(
@@ -56,44 +52,32 @@ def export_and_index(model: DualEncoder, config: ExportConfig, root: Path) -> Pa
 def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """artifacts/ with one tiny int8 bundle and one index version built with it."""
     root = tmp_path_factory.mktemp("artifacts")
-    config = ExportConfig(
-        name="tiny-int8",
-        model_id="tiny-random-bert",
-        kind="tiny",
-        tokenizer_path=minilm_path() / TOKENIZER_FILE,
-        # A random 32-wide model quantises worse than a trained one; the
-        # mechanism, not MiniLM's figure, is what is under test here.
-        min_parity_cosine=0.95,
-    )
-    return export_and_index(DualEncoder(tiny_body(vocab_size=30522)), config, root)
+    bundle_dir = build_tiny_bundle(root / "bundles", "tiny-int8", TINY_PARITY_TEXTS, seed=0)
+    return index_tiny_candidates(root, bundle_dir)
 
 
 @pytest.fixture(scope="session")
 def poly_artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """artifacts/ with a tiny bundle that has a poly head and a reaction classifier."""
     root = tmp_path_factory.mktemp("poly-artifacts")
-    model = DualEncoder(tiny_body(vocab_size=30522, seed=1))
-    head = PolyHead(model.dim, codes=4)
-    with torch.no_grad():
-        head.mix.fill_(0.0)  # weight 0.5: the poly score moves the order visibly
-        head.codes.normal_(0, 1)  # peaked attention, so the m vectors differ
-    model.poly_head = head
+    dim = 64
     rng = np.random.default_rng(0)
-    reactions = ReactionModel(
+    reactions = TinyReactions(
         ReactionSpec(labels=REACTION_LABELS, coverage=0.04),
-        rng.normal(size=(len(REACTION_LABELS), model.dim)).astype(np.float32),
+        rng.normal(size=(len(REACTION_LABELS), dim)).astype(np.float32),
         np.zeros(len(REACTION_LABELS), dtype=np.float32),
     )
-    config = ExportConfig(
-        name="tiny-poly-fp32",
-        model_id="tiny-random-bert + poly",
-        kind="tiny",
-        tokenizer_path=minilm_path() / TOKENIZER_FILE,
+    bundle_dir = build_tiny_bundle(
+        root / "bundles",
+        "tiny-poly-fp32",
+        TINY_PARITY_TEXTS,
+        seed=1,
+        dim=dim,
         quantize=False,  # fp32: the rerank order under test is the graph's, not quantisation noise
-        poly=PolySpec(codes=4, weight=0.5),
+        poly=PolySpec(codes=4, weight=0.5),  # weight 0.5: the poly score moves the order visibly
         reactions=reactions,
     )
-    return export_and_index(model, config, root)
+    return index_tiny_candidates(root, bundle_dir)
 
 
 @pytest.fixture(scope="session")

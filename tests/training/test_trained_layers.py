@@ -24,6 +24,8 @@ from models.multilingual_tune import freeze_below, trained_parameter_names
 from models.trained_layers import interpolate, overlay, read_release, write_release
 from tests.training.tiny_bert import TEXTS, tiny, tokenizer_path
 
+pytestmark = [pytest.mark.training, pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")]
+
 
 def trained(weights_tensors: dict[str, np.ndarray], layer: int, seed: int = 0) -> dict[str, np.ndarray]:
     """Layer `layer`'s tensors moved by noise: what a fine-tune hands over."""

@@ -12,6 +12,8 @@ from models.multilingual import BundleSpec
 from models.multilingual_tune import OtherLanguages, TuneConfig
 from models.written_korean import TRANSLATED, WRITTEN, written_korean_pairs
 
+pytestmark = pytest.mark.training
+
 
 def test_each_turn_answers_up_to_three_before_it_and_held_out_lines_stay_out() -> None:
     turns = [["a", "b", "c", "d", "e"]]

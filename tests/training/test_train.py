@@ -33,6 +33,8 @@ from models.teacher import train_teacher
 from models.train import run
 from tests.helpers import settings_for
 
+pytestmark = [pytest.mark.training, pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")]
+
 REACTIONS = ["haha", "Hahahaha!", "yeah", "nice", "oh no", "cool!"]
 TOPICS = ["dogs", "pizza", "hiking", "movies", "school", "music", "weather", "games", "travel", "work"]
 PARITY = ["i like dogs 1", "what about pizza 7", "so hiking"]
