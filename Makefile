@@ -20,9 +20,10 @@ ZEROSHOT_E5 := artifacts/bundles/multilingual-e5-small-int8
 # The English-only MiniLM student that served before the multilingual one (`make train-minilm`).
 MINILM_STUDENT := artifacts/bundles/chitchat-student-l3-int8
 
-.PHONY: help install install-train install-dev run serve index train train-minilm eval ood release judge baselines \
-	multilingual multilingual-tune multilingual-release run-multilingual test lint format \
-	typecheck pytest bench bench-load bench-ann bench-rerank bench-reindex bench-first-run chaos clean docker
+.PHONY: help install install-train install-test install-dev run serve index train train-minilm eval ood release judge \
+	baselines multilingual multilingual-tune multilingual-release run-multilingual test test-service test-training \
+	lint format typecheck pytest bench bench-load bench-ann bench-rerank bench-reindex bench-first-run chaos clean \
+	docker
 
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -41,7 +42,12 @@ $(VENV)/.train: pyproject.toml $(VENV)/.service
 	$(PIP_INSTALL) -e '.[train]'
 	touch $@
 
-$(VENV)/.dev: pyproject.toml $(VENV)/.train
+# ... plus the test, lint and type-check tools, and still no torch: what the service's tests need.
+$(VENV)/.test: pyproject.toml $(VENV)/.service
+	$(PIP_INSTALL) -e '.[test]'
+	touch $@
+
+$(VENV)/.dev: pyproject.toml $(VENV)/.train $(VENV)/.test
 	$(PIP_INSTALL) -e '.[train,multilingual,dev]'
 	touch $@
 
@@ -51,7 +57,8 @@ $(VENV)/.multilingual: pyproject.toml $(VENV)/.train
 
 install: $(VENV)/.service  ## install the service into .venv (no torch)
 install-train: $(VENV)/.train  ## ... plus the training pipeline
-install-dev: $(VENV)/.dev  ## ... plus test and lint tools
+install-test: $(VENV)/.test  ## the service plus test and lint tools (no torch)
+install-dev: $(VENV)/.dev  ## the training pipeline plus test and lint tools: all `make test` needs
 
 index: install  ## build the chitchat index for the release bundle (skipped if one exists)
 	$(PY) -m index --if-missing
@@ -134,10 +141,19 @@ format: install-dev
 typecheck: install-dev  ## mypy on app/, core/ and index/
 	$(VENV)/bin/mypy
 
-pytest: install-dev
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+# The service's tests need no torch and install none: a fresh clone runs them after `make install-test`,
+# and `make test-service VENV=/tmp/service-venv` proves it in a venv of their own. The `training`
+# group (tests/training/, and a test or two elsewhere that check the service against the torch side)
+# needs torch and the train and multilingual extras.
+test-service: $(VENV)/.test  ## the service's tests alone (pytest -m "not training"); installs no torch
+	$(PY) -m pytest -q -m "not training" $(PYTEST_ARGS)
 
-test: lint typecheck pytest  ## everything CI runs
+test-training: install-dev  ## the offline pipeline's tests (pytest -m training): torch, the train extras
+	$(PY) -m pytest -q -m training $(PYTEST_ARGS)
+
+pytest: test-service test-training
+
+test: lint typecheck pytest  ## everything CI runs: lint, types, the service's tests, then the training group
 
 bench: index  ## /reply latency against the full chitchat index (starts its own server)
 	$(PY) -m bench.latency
