@@ -50,6 +50,15 @@ class EngineCollector(Collector):
         yield _histogram(
             "chitchat_encoder_queue_seconds", "Wait of a batch's oldest request", queue.stats.queue_seconds
         )
+        stages = HistogramMetricFamily(
+            "chitchat_stage_seconds",
+            "Seconds in each stage of a request; encode is per encoder batch, which may hold several requests",
+            labels=["stage"],
+        )
+        waits = {"queue_wait": queue.stats.request_wait_seconds}
+        for stage, buckets in {**runtime.stages.buckets, **waits}.items():
+            stages.add_metric([stage], buckets.cumulative(), sum_value=buckets.total)
+        yield stages
         refused = CounterMetricFamily(
             "chitchat_refused", "Requests refused with 429, by the queue that was full", labels=["queue"]
         )

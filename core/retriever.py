@@ -21,6 +21,7 @@ from core.bundle import BundleManifest, Thresholds
 from core.confidence import ConfidenceModel, ShareThreshold
 from core.confidence import features as confidence_features
 from core.encoder import Encoder
+from core.laps import Laps, lap
 from core.reactions import ReactionClassifier
 from core.reranker import PolyReranker
 from core.store import IndexVersion
@@ -171,7 +172,13 @@ OVERFETCH = 8
 
 
 def query_similarity(
-    serving: Serving, query_vector: np.ndarray, k: int, avoid: Avoid, text: str, script: str | None = None
+    serving: Serving,
+    query_vector: np.ndarray,
+    k: int,
+    avoid: Avoid,
+    text: str,
+    script: str | None = None,
+    laps: Laps | None = None,
 ) -> list[Scored]:
     """Stored queries nearest to the last utterance -> the replies paired with them.
 
@@ -183,7 +190,8 @@ def query_similarity(
     exact = index.query_rows_by_text.get(normalize(text), [])
     # Several stored queries can share a reply, and blocked replies are
     # dropped afterwards, so over-fetch.
-    scores, rows = _search(index.query_index, query_vector, 2 * k + len(avoid) + OVERFETCH)
+    with lap(laps, "search_queries"):
+        scores, rows = _search(index.query_index, query_vector, 2 * k + len(avoid) + OVERFETCH)
     ranked = [(1.0, row) for row in exact] + [
         (score, row) for score, row in zip(scores.tolist(), rows.tolist(), strict=True) if row not in exact
     ]
@@ -204,6 +212,7 @@ def reply_matching(
     poly_vectors: np.ndarray | None = None,
     rerank_depth: int = 50,
     script: str | None = None,
+    laps: Laps | None = None,
 ) -> list[Scored]:
     """Stored replies scored directly against the whole context.
 
@@ -215,14 +224,16 @@ def reply_matching(
     index = serving.index
     wanted = max(k, confidence.DEPTH)
     depth = max(wanted, rerank_depth) if poly_vectors is not None else wanted
-    scores, rows = _search(index.reply_index, context_vector, depth + len(avoid) + OVERFETCH)
+    with lap(laps, "search_replies"):
+        scores, rows = _search(index.reply_index, context_vector, depth + len(avoid) + OVERFETCH)
     if poly_vectors is not None and len(rows):
         if serving.reranker is None:
             raise ValueError("poly vectors given but the bundle has no poly head")
-        replies = index.reply_vectors(rows)  # [K, D]
-        scores = serving.reranker.rescore(poly_vectors, scores, replies)  # [K]
-        order = np.argsort(-scores, kind="stable")
-        scores, rows = scores[order], rows[order]
+        with lap(laps, "rerank"):
+            replies = index.reply_vectors(rows)  # [K, D]
+            scores = serving.reranker.rescore(poly_vectors, scores, replies)  # [K]
+            order = np.argsort(-scores, kind="stable")
+            scores, rows = scores[order], rows[order]
     hits = [
         Scored(row, index.reply_ids[row], index.reply_texts[row], score, "reply_matching")
         for score, row in zip(scores.tolist(), rows.tolist(), strict=True)
@@ -280,6 +291,7 @@ class WalkRequest:
     poly_vectors: np.ndarray | None  # [m, D] when reply matching reranks
     rerank_depth: int = 50
     threshold_given: bool = False  # the request set its own reply-matching threshold: no rolling share
+    laps: Laps | None = None  # where the searches, the rerank and the reactions add their seconds
 
 
 def walk(serving: Serving, request: WalkRequest) -> Answer | None:
@@ -299,7 +311,9 @@ def walk(serving: Serving, request: WalkRequest) -> Answer | None:
     script = script_of(request.window)
     fallback: list[Scored] = []
     if "query_similarity" in allowed and request.query_vector is not None:
-        hits = query_similarity(serving, request.query_vector, k, request.avoid, request.window[-1], script)
+        hits = query_similarity(
+            serving, request.query_vector, k, request.avoid, request.window[-1], script, request.laps
+        )
         if hits and hits[0].score >= thresholds.query_similarity:
             return Answer(hits[0], hits)
         fallback = hits
@@ -307,7 +321,9 @@ def walk(serving: Serving, request: WalkRequest) -> Answer | None:
     confidence = None
     vector = request.context_vector
     if "reply_matching" in allowed and vector is not None:
-        matched = reply_matching(serving, vector, k, request.avoid, request.poly_vectors, request.rerank_depth, script)
+        matched = reply_matching(
+            serving, vector, k, request.avoid, request.poly_vectors, request.rerank_depth, script, request.laps
+        )
         if matched:
             threshold = thresholds.reply_matching
             if serving.confidence is not None:
@@ -322,7 +338,8 @@ def walk(serving: Serving, request: WalkRequest) -> Answer | None:
             if sure or not can_react:
                 return Answer(matched[0], matched[:k], reranked, confidence)
     if can_react and vector is not None:
-        reactions = reaction(serving, vector, k, request.avoid, request.window)
+        with lap(request.laps, "reactions"):
+            reactions = reaction(serving, vector, k, request.avoid, request.window)
         if reactions:
             # The retrieved replies it passed over are the alternatives worth showing.
             shown = [reactions[0], *matched][:k] if matched else reactions

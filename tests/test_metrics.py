@@ -56,6 +56,25 @@ async def test_requests_answers_cache_and_encoder_are_counted(make_client: AppFa
     assert value(samples, "chitchat_redis_up") == -1  # none configured
 
 
+async def test_each_stage_of_a_request_is_timed(make_client: AppFactory) -> None:
+    async with make_client() as client:
+        session_turn = {"session_id": "stages", "message": "my cat is sick", "strategies": ["reply_matching"]}
+        first = await client.post("/reply", json=session_turn)
+        assert first.status_code == 200
+        again = await client.post("/reply", json={"context": ["my cat is sick"], "strategies": ["query_similarity"]})
+        assert again.status_code == 200  # a cache hit: nothing to tokenise, encode or write
+        samples = await scrape(client)
+
+    def count(stage: str) -> float:
+        return value(samples, "chitchat_stage_seconds_count", stage=stage)
+
+    for stage in ("session_read", "tokenize", "queue_wait", "encode", "cache_write", "session_write"):
+        assert count(stage) == 1, stage
+    assert count("cache_read") == 2
+    assert count("search_replies") == 1 and count("search_queries") == 1  # one strategy each
+    assert all(value(samples, "chitchat_stage_seconds_sum", stage=s) > 0 for s in ("encode", "search_replies"))
+
+
 async def test_reindex_jobs_and_redis_trouble_are_counted(
     make_client: AppFactory, artifacts: Path, tmp_path: Path
 ) -> None:

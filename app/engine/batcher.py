@@ -24,7 +24,7 @@ from typing import Generic, TypeVar
 import anyio
 import anyio.to_thread
 
-from app.engine.stats import Buckets
+from app.engine.stats import STAGE_BOUNDS, Buckets
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
@@ -59,6 +59,8 @@ class BatchStats:
     batch_items: Buckets = field(default_factory=lambda: Buckets((1, 2, 4, 8, 16, 32, 64)))
     batch_cost: Buckets = field(default_factory=lambda: Buckets((16, 64, 256, 1024, 4096)))
     queue_seconds: Buckets = field(default_factory=lambda: Buckets((0.001, 0.005, 0.02, 0.1, 0.5)))
+    # Every request's wait, not only the oldest's: what a request pays in the queue (a /metrics stage).
+    request_wait_seconds: Buckets = field(default_factory=lambda: Buckets(STAGE_BOUNDS))
 
 
 class Batcher(Generic[Item, Result]):
@@ -164,7 +166,10 @@ class Batcher(Generic[Item, Result]):
         self.stats.last_batch_items, self.stats.last_batch_cost = len(batch), cost
         self.stats.batch_items.observe(len(batch))
         self.stats.batch_cost.observe(cost)
-        self.stats.queue_seconds.observe(time.perf_counter() - batch[0].queued_at)
+        started = time.perf_counter()
+        self.stats.queue_seconds.observe(started - batch[0].queued_at)
+        for waiting in batch:
+            self.stats.request_wait_seconds.observe(started - waiting.queued_at)
         if self.on_batch is not None:
             self.on_batch(len(batch), cost, time.perf_counter() - batch[0].queued_at)
         results = await anyio.to_thread.run_sync(self.run, [w.item for w in batch])

@@ -8,12 +8,15 @@ vectors it needs; `/similar` sends its texts the same way.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from app.engine.batcher import Batcher
+from app.engine.stats import Stages
 from core.encoder import OUTPUT_NAMES, POLY_OUTPUT, Encoder
 
 
@@ -39,7 +42,7 @@ class Encoded:
     poly: np.ndarray | None  # [n, m, D] when the job asked for them
 
 
-def run_jobs(jobs: Sequence[EncodeJob]) -> list[Encoded]:
+def run_jobs(jobs: Sequence[EncodeJob], stages: Stages | None = None) -> list[Encoded]:
     """One encoder call per encoder in the batch; results split back per job, in order."""
     results: list[Encoded | None] = [None] * len(jobs)
     by_encoder: dict[int, list[int]] = {}
@@ -50,7 +53,10 @@ def run_jobs(jobs: Sequence[EncodeJob]) -> list[Encoded]:
         poly = encoder.has_poly and any(jobs[i].poly for i in indices)
         outputs = [OUTPUT_NAMES["context"]] + ([POLY_OUTPUT] if poly else [])
         rows = [row for i in indices for row in jobs[i].rows]
+        started = time.perf_counter()
         arrays = encoder.run_ids(rows, outputs)  # [R, D] and [R, m, D]
+        if stages is not None:
+            stages.observe("encode", time.perf_counter() - started)
         start = 0
         for i in indices:
             end = start + len(jobs[i].rows)
@@ -62,5 +68,6 @@ def run_jobs(jobs: Sequence[EncodeJob]) -> list[Encoded]:
 EncoderQueue = Batcher[EncodeJob, Encoded]
 
 
-def encoder_queue(max_tokens: int, max_wait_ms: float, max_pending: int) -> EncoderQueue:
-    return Batcher(run_jobs, max_cost=max_tokens, max_wait_s=max_wait_ms / 1000, max_pending=max_pending)
+def encoder_queue(max_tokens: int, max_wait_ms: float, max_pending: int, stages: Stages | None = None) -> EncoderQueue:
+    run = partial(run_jobs, stages=stages)
+    return Batcher(run, max_cost=max_tokens, max_wait_s=max_wait_ms / 1000, max_pending=max_pending)

@@ -4,6 +4,7 @@ around the CPU work in `retriever`."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -14,6 +15,7 @@ from app.engine.runtime import Runtime
 from app.engine.sessions import SessionTurn
 from core import retriever
 from core.bundle import Thresholds
+from core.laps import Laps
 from core.retriever import Answer, Serving, Strategy
 from core.text import normalize
 
@@ -47,14 +49,18 @@ async def embed(
     if poly_for is not None:
         keys.append(runtime.cache.key(checksum, "poly", poly_for))
         sizes.append(m * dim)
+    stages, started = runtime.stages, time.perf_counter()
     found = await runtime.cache.get_many(keys, sizes)
+    stages.observe("cache_read", time.perf_counter() - started)
     vectors = dict(zip(distinct, found[: len(distinct)], strict=True))
     poly = found[-1].reshape(m, dim) if poly_for is not None and found[-1] is not None else None
     missing = [t for t in distinct if vectors[t] is None]
     if poly_for is not None and poly is None and poly_for not in missing:
         missing.append(poly_for)  # cached vector, evicted poly vectors: encode it again
     if missing:
+        started = time.perf_counter()
         ids = serving.encoder.tokenize(missing, "context")
+        stages.observe("tokenize", time.perf_counter() - started)
         job = EncodeJob(serving.encoder, ids, poly=poly_for is not None)
         encoded = await runtime.encoder_queue.submit(job, job.tokens)
         fresh: dict[str, np.ndarray] = {}
@@ -63,7 +69,9 @@ async def embed(
             if text == poly_for and encoded.poly is not None:
                 poly = encoded.poly[i]
                 fresh[runtime.cache.key(checksum, "poly", text)] = poly.reshape(-1)
+        started = time.perf_counter()
         await runtime.cache.put_many(fresh)
+        stages.observe("cache_write", time.perf_counter() - started)
     out = [vectors[t] for t in texts]
     assert all(v is not None for v in out)  # every miss was just encoded
     return [v for v in out if v is not None], poly
@@ -108,6 +116,7 @@ async def reply(runtime: Runtime, turns: Sequence[str], options: ReplyOptions, e
     joined = serving.encoder.join_context(turns)
     texts = ([turns[-1]] if wants_query else []) + ([joined] if wants_context else [])
     vectors, poly = await embed(runtime, serving, texts, joined if with_poly else None)
+    laps = Laps()  # the walk's searches, rerank and reactions, timed in the pool's thread
     request = retriever.WalkRequest(
         window=window,
         allowed=allowed,
@@ -119,8 +128,10 @@ async def reply(runtime: Runtime, turns: Sequence[str], options: ReplyOptions, e
         poly_vectors=poly,
         rerank_depth=options.rerank_depth,
         threshold_given=bool(options.thresholds and "reply_matching" in options.thresholds),
+        laps=laps,
     )
     answer = await runtime.pool.run(retriever.walk, serving, request)
+    runtime.stages.observe_all(laps.seconds)
     if answer is None:
         raise NoCandidates("every candidate was excluded")
     return ReplyOutcome(answer, serving.index_version)
@@ -144,7 +155,9 @@ async def session_reply(
     to receive the reply: a reply nobody saw must not become context."""
     async with runtime.sessions.turn(session_id):
         for _ in range(SESSION_ATTEMPTS):
+            started = time.perf_counter()
             history = await runtime.sessions.history(session_id)
+            runtime.stages.observe("session_read", time.perf_counter() - started)
             no_repeat = runtime.settings.session_no_repeat
             recent_bot = [t.text for t in history.turns if t.role == "bot"][-no_repeat:] if no_repeat else []
             turns = [t.text for t in history.turns] + [message]
@@ -152,7 +165,10 @@ async def session_reply(
             if still_wanted is not None and not await still_wanted():
                 return outcome
             bot = SessionTurn("bot", outcome.answer.best.text)
-            if await runtime.sessions.append(session_id, history, SessionTurn("user", message), bot):
+            started = time.perf_counter()
+            stored = await runtime.sessions.append(session_id, history, SessionTurn("user", message), bot)
+            runtime.stages.observe("session_write", time.perf_counter() - started)
+            if stored:
                 return outcome
             # Another replica stored a turn of this session meanwhile: answer again, from it.
         log.warning("session turn answered but not stored: %d other turns came first", SESSION_ATTEMPTS)

@@ -25,6 +25,7 @@ from app.engine.compute import ComputePool
 from app.engine.encoding import EncoderQueue, encoder_queue
 from app.engine.kv import Guarded, open_store
 from app.engine.sessions import SessionStore
+from app.engine.stats import Stages
 from core.bundle import BundleError, BundleManifest, open_bundle
 from core.confidence import ConfidenceModel, ShareThreshold
 from core.encoder import Encoder
@@ -53,6 +54,7 @@ class Runtime:
     pool: ComputePool
     encoder_queue: EncoderQueue
     store: IndexStore
+    stages: Stages  # seconds per stage of each request, for /metrics
     model: Model | None = None
     serving: Serving | None = None
     problem: str | None = None  # why serving is None, for /readyz
@@ -225,6 +227,7 @@ def build_runtime(settings: Settings) -> Runtime:
         settings.cache_redis_url or settings.redis_url, settings.redis_timeout_ms, settings.redis_retry_after_s, 1
     )
     store = IndexStore(settings.indexes_root)
+    stages = Stages()
     runtime = Runtime(
         settings=settings,
         kv=kv,
@@ -233,8 +236,11 @@ def build_runtime(settings: Settings) -> Runtime:
         ),
         sessions=SessionStore(kv, settings.session_max_turns, settings.session_ttl_s),
         pool=ComputePool(settings.max_pending, workers=settings.search_threads),
-        encoder_queue=encoder_queue(settings.batch_max_tokens, settings.batch_max_wait_ms, settings.max_pending),
+        encoder_queue=encoder_queue(
+            settings.batch_max_tokens, settings.batch_max_wait_ms, settings.max_pending, stages
+        ),
         store=store,
+        stages=stages,
     )
     try:
         started = time.perf_counter()
