@@ -60,7 +60,7 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def poly_artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """artifacts/ with a tiny bundle that has a poly head and a reaction classifier."""
     root = tmp_path_factory.mktemp("poly-artifacts")
-    dim = 64
+    dim = 32
     rng = np.random.default_rng(0)
     reactions = TinyReactions(
         ReactionSpec(labels=REACTION_LABELS, coverage=0.04),

@@ -231,7 +231,7 @@ def build_tiny_bundle(
     name: str,
     parity_texts: Sequence[str],
     seed: int = 0,
-    dim: int = 64,
+    dim: int = 32,
     quantize: bool = True,
     poly: PolySpec | None = None,
     reactions: TinyReactions | None = None,
