@@ -42,6 +42,17 @@ async def version_of(client: httpx.AsyncClient) -> str:
     return str((await client.get("/readyz")).json()["index_version"])
 
 
+async def subscribed(redis_client: redis.Redis, listeners: int) -> None:
+    """Returns once `listeners` replicas listen for index updates: a message sent before would be lost."""
+    from app.engine.replicas import CHANNEL
+
+    for _ in range(1000):
+        if dict(redis_client.pubsub_numsub(CHANNEL)).get(CHANNEL.encode(), 0) >= listeners:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"fewer than {listeners} replicas subscribed to {CHANNEL}")
+
+
 ADMIN_CALLS = [
     ("POST", "/admin/candidates", [{"reply": "hi"}]),
     ("POST", "/admin/candidates/delete", [{"id": "x"}]),
@@ -285,7 +296,7 @@ async def test_two_replicas_converge_on_the_new_version(
 ) -> None:
     settings = {"artifacts_dir": own_artifacts, "admin_token": TOKEN, "redis_url": REDIS_URL}
     async with make_client(**settings) as replica_a, make_client(**settings) as replica_b:
-        await asyncio.sleep(0.2)  # both listeners subscribed
+        await subscribed(clean_redis, 2)
         job = await upload(replica_a, [{"reply": "seen everywhere", "query": "are you in sync?"}])
         assert job["state"] == "succeeded"
         for _ in range(100):
@@ -492,7 +503,7 @@ async def test_an_update_message_is_checked_and_never_becomes_a_path(
     settings = {"artifacts_dir": own_artifacts, "admin_token": TOKEN, "redis_url": REDIS_URL}
     async with make_client(**settings) as client:
         before = await version_of(client)
-        await asyncio.sleep(0.3)  # subscribed
+        await subscribed(clean_redis, 1)
         for version in ("../../etc", "v20990101T000000000000-abcdef", "not json at all"):
             body = version if version.startswith("not") else json.dumps({"version": version, "origin": "x"})
             clean_redis.publish(CHANNEL, body)

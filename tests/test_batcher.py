@@ -6,12 +6,52 @@ import asyncio
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
+from app.engine import batcher as batcher_module
 from app.engine.batcher import Batcher, Closed, Overloaded, _Waiting
 
 pytestmark = pytest.mark.anyio
+
+
+class HeldWait:
+    """The batcher's wait for company (its asyncio.sleep), under the test's control: it
+    records how long the worker asked to wait, and returns when the test says the time
+    has passed. No test here depends on how fast the machine is."""
+
+    def __init__(self) -> None:
+        self.asked: list[float] = []
+        self.waiting = asyncio.Event()
+        self._over = asyncio.Event()
+
+    async def sleep(self, seconds: float) -> None:
+        self.asked.append(seconds)
+        self.waiting.set()
+        await self._over.wait()
+        self._over.clear()
+        self.waiting.clear()
+
+    def over(self) -> None:
+        self._over.set()
+
+
+class _AsyncioWith:
+    """The asyncio module as the batcher sees it, with the held wait for its sleep."""
+
+    def __init__(self, wait: HeldWait) -> None:
+        self.sleep = wait.sleep
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(asyncio, name)
+
+
+@pytest.fixture
+def company(monkeypatch: pytest.MonkeyPatch) -> HeldWait:
+    wait = HeldWait()
+    monkeypatch.setattr(batcher_module, "asyncio", _AsyncioWith(wait))
+    return wait
 
 
 class Recorder:
@@ -39,27 +79,31 @@ async def test_each_caller_gets_its_own_result_and_batches_are_oldest_first() ->
     await batcher.close()
 
 
-async def test_concurrent_requests_share_a_batch_within_the_wait_bound() -> None:
+async def test_requests_that_come_while_the_first_waits_share_its_batch(company: HeldWait) -> None:
     run = Recorder()
     batcher: Batcher[int, int] = Batcher(run, max_cost=100, max_wait_s=0.2, max_pending=64)
-
-    async def late(i: int, delay: float) -> int:
-        await asyncio.sleep(delay)
-        return await batcher.submit(i, cost=1)
-
-    started = time.perf_counter()
-    await asyncio.gather(late(1, 0.0), late(2, 0.05), late(3, 0.1))
-    assert run.batches == [[1, 2, 3]]  # the first waited for the others, up to 0.2 s
-    assert time.perf_counter() - started < 1.0
+    first = asyncio.create_task(batcher.submit(1, cost=1))
+    await asyncio.wait_for(company.waiting.wait(), 5)  # alone: the worker waits for company
+    later = [asyncio.create_task(batcher.submit(i, cost=1)) for i in (2, 3)]
+    await asyncio.sleep(0)  # both queued while it waits
+    company.over()
+    assert await asyncio.wait_for(asyncio.gather(first, *later), 5) == [10, 20, 30]
+    assert run.batches == [[1, 2, 3]]
+    assert len(company.asked) == 1  # one wait, shared
     await batcher.close()
 
 
-async def test_an_idle_request_waits_no_longer_than_the_bound() -> None:
+async def test_an_idle_request_waits_no_longer_than_the_bound_and_then_runs_alone(company: HeldWait) -> None:
     run = Recorder()
-    batcher: Batcher[int, int] = Batcher(run, max_cost=100, max_wait_s=0.05, max_pending=64)
-    started = time.perf_counter()
-    assert await batcher.submit(7, cost=1) == 70
-    assert 0.04 <= time.perf_counter() - started < 0.5
+    batcher: Batcher[int, int] = Batcher(run, max_cost=100, max_wait_s=30.0, max_pending=64)
+    request = asyncio.create_task(batcher.submit(7, cost=1))
+    await asyncio.wait_for(company.waiting.wait(), 5)
+    assert not request.done() and run.batches == []  # it waits, ...
+    (asked,) = company.asked
+    assert 0 < asked <= 30.0  # ... for what is left of the bound, never more
+    company.over()
+    assert await asyncio.wait_for(request, 5) == 70
+    assert run.batches == [[7]] and len(company.asked) == 1  # then runs alone, without waiting again
     await batcher.close()
 
 
@@ -105,11 +149,11 @@ async def test_a_full_queue_refuses_at_once() -> None:
     await asyncio.sleep(0.05)  # taken by the worker: no longer pending
     queued = [asyncio.create_task(batcher.submit(i, cost=1)) for i in (1, 2)]
     await asyncio.sleep(0.01)
-    started = time.perf_counter()
-    with pytest.raises(Overloaded):
-        await batcher.submit(3, cost=1)
-    assert time.perf_counter() - started < 0.05
-    assert batcher.stats.refused == 1
+    assert batcher.pending == 2
+    refused = batcher.submit(3, cost=1)
+    with pytest.raises(Overloaded):  # at once: on the call's first step, before it ever waits
+        refused.send(None)
+    assert batcher.stats.refused == 1 and batcher.pending == 2
     run.gate.set()
     assert await asyncio.gather(held, *queued) == [0, 10, 20]
     await batcher.close()
