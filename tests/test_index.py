@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import weakref
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ from core.records import Candidate
 from core.store import IndexStore
 from index.build import build_version, tables
 from index.candidates import apply, duplicates
-from index.corpus import Pair, candidate_records, load_conversations, pairs_from, split_of
+from index.corpus import Pair, candidate_records, load_conversations, load_pairs, pairs_from, split_of
 
 
 def unit_rows(n: int, dim: int, seed: int = 0, clusters: int = 0) -> np.ndarray:
@@ -151,7 +152,7 @@ def test_a_build_holds_one_side_of_fp32_vectors_at_a_time(
     assert len(sides) == 2 and max(alive_at_gather) == 0
 
 
-def test_corpus_turns_pairs_and_split(tmp_path: Path) -> None:
+def test_corpus_turns_and_pairs(tmp_path: Path) -> None:
     corpus = {
         "conv-a": {
             "messages": [
@@ -172,8 +173,50 @@ def test_corpus_turns_pairs_and_split(tmp_path: Path) -> None:
         Pair("conv-a", ("hi there",), "hello how are you"),
         Pair("conv-a", ("hello how are you",), "good"),
     ]
-    assert split_of("conv-a") == split_of("conv-a")
-    assert {split_of(f"id-{i}") for i in range(200)} == {"train", "validation", "test"}
+
+
+# Computed once with the rule (sha1 of the id, % 100: below 80 train, below 90 validation, the rest
+# test) and written down: a change to the rule, or to what it hashes, moves conversations between
+# splits, and so test conversations into training. It fails here rather than in a quiet eval figure.
+GOLDEN_SPLITS = {
+    "conv-0": "train",
+    "conv-1": "train",
+    "conv-a": "train",
+    "conv-20": "validation",
+    "conv-27": "validation",
+    "conv-b": "validation",
+    "conv-5": "test",
+    "conv-21": "test",
+    "conv-49": "test",
+}
+
+
+def test_the_split_of_a_conversation_is_the_one_written_down() -> None:
+    assert {conversation: split_of(conversation) for conversation in GOLDEN_SPLITS} == GOLDEN_SPLITS
+
+
+def test_the_splits_take_80_10_and_10_percent_of_the_conversations() -> None:
+    counts = Counter(split_of(f"conversation-{i}") for i in range(20_000))
+    shares = {split: n / 20_000 for split, n in counts.items()}
+    assert shares == pytest.approx({"train": 0.8, "validation": 0.1, "test": 0.1}, abs=0.01)
+
+
+def test_every_turn_of_a_conversation_lands_in_its_one_split(tmp_path: Path) -> None:
+    corpus = {
+        f"conv-{i}": {"messages": [[{"text": f"turn {t} of {i}", "sender": f"u{t % 2}"}] for t in range(4)]}
+        for i in range(60)
+    }
+    path = tmp_path / "corpus.json"
+    path.write_text(json.dumps(corpus))
+    found = {split: load_pairs(split, max_context_turns=2, path=path) for split in ("train", "validation", "test")}
+    owners = {split: {pair.conversation_id for pair in pairs} for split, pairs in found.items()}
+    assert all(owners.values())  # 60 conversations reach every split
+    assert not (owners["train"] & owners["validation"] or owners["train"] & owners["test"])
+    assert not owners["validation"] & owners["test"]
+    assert set().union(*owners.values()) == set(corpus)
+    for split, pairs in found.items():  # all three pairs of each conversation, in its split
+        assert Counter(pair.conversation_id for pair in pairs) == dict.fromkeys(owners[split], 3)
+        assert {split_of(pair.conversation_id) for pair in pairs} == {split}
 
 
 def test_candidate_records_keep_the_most_frequent_reply_per_query() -> None:
