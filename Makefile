@@ -22,7 +22,7 @@ MINILM_STUDENT := artifacts/bundles/chitchat-student-l3-int8
 
 .PHONY: help install install-train install-test install-dev run serve index train train-minilm eval ood release judge \
 	baselines multilingual multilingual-tune multilingual-release run-multilingual test test-service test-training \
-	lint format typecheck pytest bench bench-load bench-ann bench-rerank bench-reindex bench-first-run chaos clean \
+	lint format typecheck pytest lock bench bench-load bench-ann bench-rerank bench-reindex bench-first-run chaos clean \
 	docker
 
 help:
@@ -154,6 +154,16 @@ test-training: install-dev  ## the offline pipeline's tests (pytest -m training)
 pytest: test-service test-training
 
 test: lint typecheck pytest  ## everything CI runs: lint, types, the service's tests, then the training group
+
+# requirements.lock: the service's runtime dependencies (pyproject.toml's, no extras) pinned with their
+# hashes for every platform, which docker/Dockerfile installs. The pins are what .venv has installed,
+# the versions the tests ran against; the hashes come from PyPI.
+lock: install  ## regenerate requirements.lock (pins what .venv has: to upgrade, upgrade there first)
+	$(PIP_INSTALL) uv
+	$(VENV)/bin/pip freeze --exclude-editable > $(VENV)/installed.txt
+	$(VENV)/bin/uv pip compile pyproject.toml --universal --python-version 3.11 --generate-hashes --no-config \
+		--index-url https://pypi.org/simple --constraint $(VENV)/installed.txt --custom-compile-command "make lock" \
+		--no-annotate --quiet -o requirements.lock
 
 bench: index  ## /reply latency against the full chitchat index (starts its own server)
 	$(PY) -m bench.latency
