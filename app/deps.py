@@ -1,4 +1,8 @@
-"""Annotated dependency aliases, one per resource a route needs."""
+"""Annotated dependency aliases, one per resource a route needs.
+
+The dependencies are `async def` though they never await: FastAPI runs a
+plain `def` dependency in its thread pool, a thread hand-off per request for
+a dictionary lookup."""
 
 from __future__ import annotations
 
@@ -10,16 +14,20 @@ from app.config import Settings
 from app.engine.runtime import NotReady, Runtime
 
 
-def get_runtime(request: Request) -> Runtime:
+async def get_runtime(request: Request) -> Runtime:
+    return runtime_of(request)
+
+
+def runtime_of(request: Request) -> Runtime:
     runtime: Runtime | None = request.app.state.runtime
     if runtime is None:
         raise NotReady("still loading the bundle and the index")
     return runtime
 
 
-def get_app_settings(request: Request) -> Settings:
+async def get_app_settings(request: Request) -> Settings:
     """The settings this app was created with (tests create apps with their own)."""
-    return get_runtime(request).settings
+    return runtime_of(request).settings
 
 
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]

@@ -28,7 +28,7 @@ router = APIRouter(prefix="/admin", tags=["admin"], responses=responses(*ADMIN_E
 bearer = HTTPBearer(auto_error=False, description="CHITCHAT_ADMIN_TOKEN")
 
 
-def require_admin(
+async def require_admin(  # async: a plain def would cost a thread hand-off (app/deps.py)
     request: Request,
     settings: SettingsDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
