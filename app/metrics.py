@@ -71,6 +71,11 @@ class EngineCollector(Collector):
         )
         yield CounterMetricFamily("chitchat_cache_hits", "Embedding cache hits", value=runtime.cache.hits)
         yield CounterMetricFamily("chitchat_cache_misses", "Embedding cache misses", value=runtime.cache.misses)
+        yield CounterMetricFamily(
+            "chitchat_cache_skipped_writes",
+            "Shared-cache writes skipped: too many already in flight",
+            value=runtime.cache.skipped_writes,
+        )
         yield GaugeMetricFamily(
             "chitchat_cache_local_bytes", "Bytes of vectors in the in-process cache", value=runtime.cache.local_size[1]
         )

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import weakref
 
 import numpy as np
 import pytest
 
-from app.engine.cache import EmbeddingCache
-from app.engine.kv import open_store
+from app.engine.cache import MAX_PENDING_WRITES, EmbeddingCache
+from app.engine.kv import Guarded, MemoryKV, open_store
 
 pytestmark = pytest.mark.anyio
 
@@ -54,3 +55,51 @@ async def test_a_cached_row_does_not_keep_its_whole_batch_alive() -> None:
     del batch
     assert batch_alive() is None
     assert lru.local_size == (1, POLY.nbytes)
+
+
+class HeldStore(MemoryKV):
+    """A shared store whose writes wait until the test lets them through."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+        self.writes: list[list[str]] = []
+
+    async def set_many(self, items: dict[str, bytes], ttl_s: int) -> None:
+        await self.release.wait()
+        self.writes.append(sorted(items))
+        await super().set_many(items, ttl_s)
+
+
+def shared_cache(store: HeldStore) -> EmbeddingCache:
+    return EmbeddingCache(Guarded(store, retry_after_s=1.0), local_entries=100, ttl_s=60)
+
+
+async def test_a_shared_write_never_holds_up_the_request() -> None:
+    store = HeldStore()
+    lru = shared_cache(store)
+    await lru.put_many({"ctx:0": CONTEXT})  # returns while the store's write is still held
+    assert store.writes == [] and (await lru.get_many(["ctx:0"], CONTEXT.size))[0] is not None
+    store.release.set()
+    await lru.flush()
+    assert store.writes == [["ctx:0"]]
+
+
+async def test_unshared_vectors_stay_in_the_process() -> None:
+    store = HeldStore()
+    store.release.set()
+    lru = shared_cache(store)
+    await lru.put_many({"poly:0": POLY}, share=False)
+    await lru.flush()
+    assert store.writes == [] and lru.local_size[0] == 1
+
+
+async def test_writes_past_the_in_flight_bound_are_skipped_and_counted() -> None:
+    store = HeldStore()
+    lru = shared_cache(store)
+    for i in range(MAX_PENDING_WRITES + 3):
+        await lru.put_many({f"ctx:{i}": CONTEXT})
+    assert lru.skipped_writes == 3
+    store.release.set()
+    await lru.flush()
+    assert len(store.writes) == MAX_PENDING_WRITES and lru.local_size[0] == MAX_PENDING_WRITES + 3

@@ -91,13 +91,22 @@ async def test_session_history_is_capped(make_client: AppFactory, clean_redis: r
     assert stored[0] == "where are you from?"
 
 
+async def written(client: redis.Redis, pattern: str) -> list[bytes]:
+    """The keys matching `pattern` once a background write has put any there (or none after 5 s)."""
+    for _ in range(100):
+        if keys := client.keys(pattern):
+            return list(keys)
+        await asyncio.sleep(0.05)
+    return []
+
+
 async def test_embeddings_are_cached_in_redis_under_the_model_checksum(
     make_client: AppFactory, clean_redis: redis.Redis
 ) -> None:
     async with make_client(redis_url=REDIS_URL, cache_local_entries=0) as client:
         checksum = (await client.get("/info")).json()["model"]["checksum"]
         await client.post("/similar", json={"text": "Where  are you FROM?"})
-        keys = [k.decode() for k in clean_redis.keys("emb:*")]
+        keys = [k.decode() for k in await written(clean_redis, "emb:*")]  # the write runs after the answer
         assert len(keys) == 1 and keys[0].startswith(f"emb:{checksum[:16]}:context:")
         assert len(clean_redis.get(keys[0]) or b"") == 4 * 32  # tiny model: 32 float32 dims
 

@@ -4,17 +4,29 @@ Keys pin the model checksum, so vectors from one bundle are never served for
 another, and the normalised text, so "Hi  there" and "Hi there" share one.
 "Hi" and "hi" share one only for a model whose tokenizer lower-cases: a cased
 one (XLM-R, the multilingual bundle) sees two different inputs.
+
+Writes to the shared store leave the request's path: a request keeps its
+vectors in the process and goes on, and the Redis write runs as a task of
+its own (a one-off context, the common case, is never read again).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import logging
 from collections import OrderedDict
 
 import numpy as np
 
 from app.engine.kv import Guarded
 from core.text import normalize
+
+log = logging.getLogger(__name__)
+
+# Shared-store writes in flight. Past it a write is skipped and counted: a
+# Redis slower than the traffic must not grow a queue of vectors in memory.
+MAX_PENDING_WRITES = 64
 
 
 class EmbeddingCache:
@@ -32,6 +44,8 @@ class EmbeddingCache:
         self._held = 0  # bytes of the vectors in _local
         self.hits = 0
         self.misses = 0
+        self.skipped_writes = 0  # shared-store writes dropped at MAX_PENDING_WRITES
+        self._writes: set[asyncio.Task[None]] = set()
 
     def key(self, model_checksum: str, kind: str, text: str) -> str:
         """kind: what the vector is ("context", "reply", "poly"): one text has several."""
@@ -57,11 +71,30 @@ class EmbeddingCache:
         self.misses += len(keys) - hits
         return found
 
-    async def put_many(self, items: dict[str, np.ndarray]) -> None:
+    async def put_many(self, items: dict[str, np.ndarray], share: bool = True) -> None:
+        """Keeps the vectors here and, with `share`, writes them to the shared store in the background."""
         for key, vector in items.items():
             self._remember(key, vector)
-        if self.store.status != "disabled":
-            await self.store.set_many({k: v.astype(np.float32).tobytes() for k, v in items.items()}, self.ttl_s)
+        if not share or not items or self.store.status == "disabled":
+            return
+        if len(self._writes) >= MAX_PENDING_WRITES:
+            self.skipped_writes += 1
+            return
+        payload = {k: v.astype(np.float32).tobytes() for k, v in items.items()}
+        task = asyncio.get_running_loop().create_task(self._share(payload))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    async def _share(self, payload: dict[str, bytes]) -> None:
+        try:
+            await self.store.set_many(payload, self.ttl_s)  # Guarded: a Redis failure is counted, not raised
+        except Exception:
+            log.exception("embedding cache write failed")
+
+    async def flush(self) -> None:
+        """Waits for the shared-store writes in flight (shutdown, tests)."""
+        while self._writes:
+            await asyncio.gather(*self._writes, return_exceptions=True)
 
     def _remember(self, key: str, vector: np.ndarray | None) -> None:
         if vector is None or self.local_entries == 0:

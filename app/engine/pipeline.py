@@ -64,13 +64,17 @@ async def embed(
         job = EncodeJob(serving.encoder, ids, poly=poly_for is not None)
         encoded = await runtime.encoder_queue.submit(job, job.tokens)
         fresh: dict[str, np.ndarray] = {}
+        fresh_poly: dict[str, np.ndarray] = {}
         for i, text in enumerate(missing):
             vectors[text] = fresh[runtime.cache.key(checksum, "context", text)] = encoded.vectors[i]
             if text == poly_for and encoded.poly is not None:
                 poly = encoded.poly[i]
-                fresh[runtime.cache.key(checksum, "poly", text)] = poly.reshape(-1)
+                fresh_poly[runtime.cache.key(checksum, "poly", text)] = poly.reshape(-1)
         started = time.perf_counter()
         await runtime.cache.put_many(fresh)
+        # Poly vectors are m times a context vector's size (24 kB at m = 16) and belong to one
+        # joined context, which a session's next turn never repeats: the process keeps them.
+        await runtime.cache.put_many(fresh_poly, share=False)
         stages.observe("cache_write", time.perf_counter() - started)
     out = [vectors[t] for t in texts]
     assert all(v is not None for v in out)  # every miss was just encoded

@@ -121,6 +121,7 @@ class Runtime:
 
     async def close(self) -> None:
         await self.encoder_queue.close()
+        await self.cache.flush()
         await self.kv.close()
         await self.cache.store.close()
 
