@@ -135,7 +135,8 @@ class Avoid:
         return len(self.texts) + len(self.turns)
 
     def blocks(self, text: str) -> bool:
-        return normalize(text) in self.texts or echoes(text, list(self.turns))
+        normalized = normalize(text)
+        return normalized in self.texts or echoes(normalized, self.turns, normalized=True)
 
 
 def _distinct(hits: list[Scored], k: int, avoid: Avoid) -> list[Scored]:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 _WHITESPACE = re.compile(r"\s+")
 _WORDS = re.compile(r"\w+")
@@ -42,20 +44,43 @@ def normalize(text: str, lowercase: bool = True) -> str:
 
 @dataclass(frozen=True)
 class Signature:
-    """What the echo check compares: the words, and character trigrams for typos."""
+    """What the echo check compares: the words, and character trigrams for typos.
+
+    The retriever checks every hit it returns against every turn, so the sets
+    are built once per text, the trigrams only when a check gets that far."""
 
     words: tuple[str, ...]
-    trigrams: frozenset[str]
 
     @classmethod
     def of(cls, text: str) -> Signature:
-        words = tuple(_WORDS.findall(normalize(text)))
-        joined = " ".join(words)
-        return cls(words, frozenset(joined[i : i + 3] for i in range(max(0, len(joined) - 2))))
+        return cls.of_normalized(normalize(text))
+
+    @classmethod
+    def of_normalized(cls, normalized: str) -> Signature:
+        """`of` for a text already through `normalize`: the echo check has it at hand."""
+        return cls(tuple(_WORDS.findall(normalized)))
+
+    @cached_property
+    def word_set(self) -> frozenset[str]:
+        return frozenset(self.words)
+
+    @cached_property
+    def trigrams(self) -> frozenset[str]:
+        joined = " ".join(self.words)
+        return frozenset(joined[i : i + 3] for i in range(max(0, len(joined) - 2)))
 
 
 def _jaccard(a: frozenset[str] | set[str], b: frozenset[str] | set[str]) -> float:
     return len(a & b) / len(a | b) if a or b else 1.0
+
+
+def _similar(a: frozenset[str], b: frozenset[str], at_least: float) -> bool:
+    """_jaccard(a, b) >= at_least, skipping the set work when the sizes already rule it out:
+    the overlap is at most the smaller set and the union at least the larger."""
+    small, large = sorted((len(a), len(b)))
+    if large and small < at_least * large:
+        return False
+    return _jaccard(a, b) >= at_least
 
 
 def near_copy(a: Signature, b: Signature) -> bool:
@@ -64,7 +89,7 @@ def near_copy(a: Signature, b: Signature) -> bool:
         return True
     if min(len(a.words), len(b.words)) < MIN_WORDS_FOR_FUZZY:
         return False
-    return _jaccard(set(a.words), set(b.words)) >= WORD_JACCARD or _jaccard(a.trigrams, b.trigrams) >= TRIGRAM_JACCARD
+    return _similar(a.word_set, b.word_set, WORD_JACCARD) or _similar(a.trigrams, b.trigrams, TRIGRAM_JACCARD)
 
 
 # The writing system each reaction language is written in. Scripts, not
@@ -127,7 +152,9 @@ def script_of(texts: list[str]) -> str | None:
     return max(counts, key=lambda name: counts[name])
 
 
-def echoes(candidate: str, turns: list[Signature]) -> bool:
-    """Whether a candidate reply is a near copy of any of these conversation turns."""
-    signature = Signature.of(candidate)
+def echoes(candidate: str, turns: Sequence[Signature], normalized: bool = False) -> bool:
+    """Whether a candidate reply is a near copy of any of these conversation turns.
+
+    normalized: `candidate` has been through `normalize` already."""
+    signature = Signature.of_normalized(candidate if normalized else normalize(candidate))
     return any(near_copy(signature, turn) for turn in turns)

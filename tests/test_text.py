@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import random
 import unicodedata
 
 import pytest
 
-from core.text import Signature, echoes, near_copy, normalize, script_of
+from core.text import (
+    MIN_WORDS_FOR_FUZZY,
+    TRIGRAM_JACCARD,
+    WORD_JACCARD,
+    Signature,
+    _jaccard,
+    echoes,
+    near_copy,
+    normalize,
+    script_of,
+)
 
 
 def test_normalize_folds_case_width_and_whitespace() -> None:
@@ -77,3 +88,24 @@ def test_echoes_checks_every_turn() -> None:
     turns = [Signature.of("where are you from?"), Signature.of("I just adopted a puppy!")]
     assert echoes("i just adopted a puppy", turns)
     assert not echoes("congrats! what breed?", turns)
+
+
+def test_the_size_shortcut_never_changes_a_near_copy_verdict() -> None:
+    """near_copy skips the set work when sizes rule a match out; it must agree with the plain rule."""
+    rng = random.Random(0)
+    vocab = ["i", "am", "from", "utah", "you", "do", "like", "dogs", "cats", "so", "ok"]
+
+    def plain(a: Signature, b: Signature) -> bool:
+        if a.words == b.words:
+            return True
+        if min(len(a.words), len(b.words)) < MIN_WORDS_FOR_FUZZY:
+            return False
+        words = len(set(a.words) & set(b.words)) / len(set(a.words) | set(b.words))
+        return words >= WORD_JACCARD or _jaccard(a.trigrams, b.trigrams) >= TRIGRAM_JACCARD
+
+    verdicts = set()
+    for _ in range(5000):
+        a, b = (Signature.of(" ".join(rng.choices(vocab, k=rng.randint(0, 9)))) for _ in range(2))
+        assert near_copy(a, b) == plain(a, b), (a.words, b.words)
+        verdicts.add(near_copy(a, b))
+    assert verdicts == {True, False}
