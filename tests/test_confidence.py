@@ -6,6 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from app.engine.runtime import load_model, serve
 from core.bundle import ConfidenceSpec
@@ -56,3 +57,14 @@ def test_a_served_index_version_holds_the_share_over_its_own_turns(poly_artifact
     assert served.share is not None and served.share.share == 0.1 and served.share.fallback == 0.1
     assert serve(model, version, settings.model_copy(update={"reaction_share_window": 0})).share is None
     assert serve(replace(model, reactions=None), version, settings).share is None
+
+
+def test_the_rolling_threshold_is_numpys_quantile_of_the_window() -> None:
+    rng = np.random.default_rng(0)
+    for window, share in [(1, 0.3), (5, 0.1), (50, 0.5), (2000, 0.1)]:
+        rolling = ShareThreshold(share=share, fallback=-1.0, window=window, warmup=1)
+        seen: list[float] = []
+        for confidence in rng.random(3 * window + 7).tolist():
+            rolling.observe(confidence)
+            seen = [*seen, confidence][-window:]
+            assert rolling.threshold() == pytest.approx(float(np.quantile(seen, share)), abs=1e-12)
