@@ -22,7 +22,7 @@ MINILM_STUDENT := artifacts/bundles/chitchat-student-l3-int8
 
 .PHONY: help install install-train install-test install-dev run serve index train train-minilm eval ood release judge \
 	baselines multilingual multilingual-tune multilingual-release run-multilingual test test-service test-training \
-	lint format typecheck pytest lock bench bench-load bench-ann bench-rerank bench-reindex bench-first-run chaos clean \
+	lint format typecheck pytest lock bench bench-profile bench-load bench-ann bench-rerank bench-reindex bench-first-run chaos clean \
 	docker
 
 help:
@@ -89,7 +89,7 @@ multilingual-release: $(VENV)/.multilingual  ## judge the fine-tune against zero
 	$(PY) -m models.multilingual_release $(if $(PROMOTE),--promote) $(if $(ALPHA),--alpha $(ALPHA))
 
 # A deployment in Korean (or any of ~100 languages): the multilingual bundle, no
-# candidates until you upload yours (README, "Korean and other languages").
+# candidates until you upload yours (docs/languages.md).
 run-multilingual: multilingual  ## serve the multilingual bundle; upload candidates through the admin API
 	CHITCHAT_BUNDLE_DIR=$(MULTILINGUAL) $(MAKE) serve
 
@@ -167,6 +167,10 @@ lock: install  ## regenerate requirements.lock (pins what .venv has: to upgrade,
 
 bench: index  ## /reply latency against the full chitchat index (starts its own server)
 	$(PY) -m bench.latency
+
+bench-profile: install-dev index  ## ms per request of each /reply stage at 1 and 32 clients -> reports/profile.{md,json}
+	@command -v wrk >/dev/null || apt-get install -y -qq wrk
+	$(PY) -m bench.profile $(PROFILE_ARGS)
 
 bench-load: install-train index  ## the service against a naive one under wrk -> reports/load.{md,json}
 	@command -v wrk >/dev/null || apt-get install -y -qq wrk
