@@ -1,6 +1,6 @@
 """`make bench-profile`: what each stage of a `/reply` costs, at 1 and 32 clients.
 
-    python -m bench.profile [--duration 20] [--clients 1 32] [--redis URL] [--artifacts DIR]
+    python -m bench.profile [--duration 20] [--clients 1 32] [--redis URL] [--artifacts DIR] [--sample N]
 
 Serves the release bundle on its index (built by `make index`), drives it
 with wrk and `bench/load.lua` (every request a unique multi-turn context, so
@@ -15,7 +15,8 @@ from the client (the run's seconds over its requests: one client sends the
 next as the last returns), less the onnxruntime (`encode`) and FAISS
 (`search_queries`, `search_replies`) stages: the Python, HTTP and Redis
 around the model. Writes reports/profile.md and reports/profile.json, with
-the CPU and whether it has VNNI.
+the CPU and whether it has VNNI. `--sample N` serves N candidates drawn from
+that index instead (the search stages at 11k against 97k).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.latency import free_port
 from bench.load import ROOT, contexts, rss_mb, start, stop, write_bodies, wrk
-from core.bundle import RELEASE_BUNDLE, open_bundle
+from core.bundle import RELEASE_BUNDLE, BundleManifest, open_bundle
 from core.store import IndexStore
 
 MODEL_STAGES = ("encode", "search_queries", "search_replies")  # onnxruntime and FAISS; the rest is overhead
@@ -146,9 +147,19 @@ def main() -> None:
     parser.add_argument("--bundle", type=Path, default=RELEASE_BUNDLE)
     parser.add_argument("--artifacts", type=Path, default=ROOT / "artifacts")
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "profile")
+    parser.add_argument("--sample", type=int, default=0, help="serve N candidates sampled from the index")
     args = parser.parse_args()
 
     bundle = open_bundle(args.bundle)
+    with tempfile.TemporaryDirectory() as scratch:
+        if args.sample:
+            from bench.chaos.__main__ import sample_artifacts
+
+            args.artifacts, _ = sample_artifacts(args.artifacts, Path(scratch), args.sample, bundle)
+        profile(args, bundle)
+
+
+def profile(args: argparse.Namespace, bundle: BundleManifest) -> None:
     store = IndexStore(args.artifacts / "indexes")
     version = store.latest_for(bundle.checksum)
     if version is None:
