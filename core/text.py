@@ -37,6 +37,8 @@ def normalize(text: str, lowercase: bool = True) -> str:
     Hangul jamo into syllables, so the same Korean word typed on two keyboards
     gets one key. Runs of compatibility jamo ("ㅋㅋ") are left as typed.
     `lowercase=False` keeps the case, for keys of a cased model's inputs."""
+    if text.isascii():  # NFKC leaves ASCII as it is and it holds no jamo: most chat, at a third of the cost
+        return _WHITESPACE.sub(" ", text.lower() if lowercase else text).strip()
     runs = _KEPT_JAMO.split(text)  # odd positions: the jamo runs
     text = "".join(run if i % 2 else unicodedata.normalize("NFKC", run) for i, run in enumerate(runs))
     return _WHITESPACE.sub(" ", text.lower() if lowercase else text).strip()

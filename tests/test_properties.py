@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import unicodedata
 
 from hypothesis import given, settings
@@ -49,6 +50,14 @@ def test_normalize_does_not_depend_on_the_unicode_form(text: str) -> None:
     # which normalize() keeps as typed, so nothing can undo them.
     for form in ("NFC", "NFD"):
         assert normalize(unicodedata.normalize(form, text)) == normalize(text)
+
+
+@given(st.text(alphabet=st.characters(max_codepoint=127), max_size=100), st.booleans())
+def test_the_ascii_shortcut_normalises_as_the_full_path_does(text: str, lowercase: bool) -> None:
+    # normalize() skips NFKC and the jamo split for ASCII. The full path, spelled out:
+    full = unicodedata.normalize("NFKC", text)
+    full = re.sub(r"\s+", " ", full.lower() if lowercase else full).strip()
+    assert normalize(text, lowercase) == full
 
 
 @given(st.text(max_size=100), st.text(max_size=100))
