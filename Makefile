@@ -31,9 +31,11 @@ help:
 $(PY):
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 
-# The service and the index build: onnxruntime, faiss, tokenizers, the corpus. No torch.
-$(VENV)/.service: pyproject.toml | $(PY)
-	$(PIP_INSTALL) -e .
+# The service and the index build: onnxruntime, faiss, tokenizers, the corpus. No torch. Their
+# versions are requirements.lock's (checked by hash): the ones the tests ran against.
+$(VENV)/.service: pyproject.toml requirements.lock | $(PY)
+	$(PIP_INSTALL) -r requirements.lock
+	$(PIP_INSTALL) --no-deps -e .
 	touch $@
 
 # ... plus the offline pipeline (torch, transformers, onnx), for training and eval.
@@ -156,8 +158,9 @@ pytest: test-service test-training
 test: lint typecheck pytest  ## everything CI runs: lint, types, the service's tests, then the training group
 
 # requirements.lock: the service's runtime dependencies (pyproject.toml's, no extras) pinned with their
-# hashes for every platform, which docker/Dockerfile installs. The pins are what .venv has installed,
-# the versions the tests ran against; the hashes come from PyPI.
+# hashes for every platform. `make install` (so `make run` and `make test`) and docker/Dockerfile install
+# from it. The pins are what .venv has installed, the versions the tests ran against; the hashes come
+# from PyPI.
 lock: install  ## regenerate requirements.lock (pins what .venv has: to upgrade, upgrade there first)
 	$(PIP_INSTALL) uv
 	$(VENV)/bin/pip freeze --exclude-editable > $(VENV)/installed.txt
