@@ -29,7 +29,7 @@ from core.text import SCRIPT_OF_LANGUAGE, Signature, echoes, normalize, script_o
 
 Strategy = Literal["query_similarity", "reply_matching", "reaction"]
 
-# Quality falls and coverage rises along this order (DESIGN.md).
+# Quality falls and coverage rises along this order (docs/architecture.md, "How it answers").
 STRATEGY_ORDER: tuple[Strategy, ...] = ("query_similarity", "reply_matching", "reaction")
 
 
@@ -296,7 +296,7 @@ class WalkRequest:
 
 
 def walk(serving: Serving, request: WalkRequest) -> Answer | None:
-    """The strategies in the fixed order (DESIGN.md); None when every candidate is blocked.
+    """The strategies in the fixed order (docs/architecture.md); None when every candidate is blocked.
 
     1. query similarity answers if its top cosine reaches its threshold;
     2. reply matching answers if its confidence reaches its threshold, or if
