@@ -148,6 +148,9 @@ def main() -> None:
     parser.add_argument("--artifacts", type=Path, default=ROOT / "artifacts")
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "profile")
     parser.add_argument("--sample", type=int, default=0, help="serve N candidates sampled from the index")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="NAME=VALUE", help="a service setting, e.g. ort_spin_alone=0"
+    )
     args = parser.parse_args()
 
     bundle = open_bundle(args.bundle)
@@ -169,6 +172,9 @@ def profile(args: argparse.Namespace, bundle: BundleManifest) -> None:
     env |= {"CHITCHAT_BUNDLE_DIR": str(args.bundle), "CHITCHAT_ARTIFACTS_DIR": str(args.artifacts)}
     if args.redis:
         env["CHITCHAT_REDIS_URL"] = args.redis
+    for setting in args.set:
+        name, _, value = setting.partition("=")
+        env[f"CHITCHAT_{name.upper()}"] = value
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [str(Path(sys.executable).parent / "uvicorn"), "app.main:create_app", "--factory"]
@@ -191,6 +197,7 @@ def profile(args: argparse.Namespace, bundle: BundleManifest) -> None:
         "cpu": cpu(),
         "index": f"{version} ({manifest.replies} replies, {manifest.queries} queries)",
         "redis": args.redis,
+        "settings": args.set,
         "overhead_ms_per_request": one["overhead_ms_per_request"],
         "rss_mb": round(rss, 1),
         "runs": runs,

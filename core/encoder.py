@@ -146,18 +146,26 @@ class Encoder:
         self.tokenizers: Tokenizers = (
             tokenizers_of.tokenizers if tokenizers_of else Tokenizers.load(bundle_dir, manifest)
         )
+        # A sibling whose threads spin within a run, for a batch of one request (`alone`).
+        self.alone: Encoder | None = None
 
     @property
     def lowercases(self) -> bool:
         return self.tokenizers.lowercases
 
-    def sibling(self, intra_op_threads: int = 0) -> Encoder:
+    def sibling(self, intra_op_threads: int = 0, spin: bool = False) -> Encoder:
         """A session of its own on this bundle, with this encoder's tokenizers.
 
         Loading a tokenizer holds the GIL: ~1 s each for e5's 250k pieces, two
         per encoder, and a reindex that loaded its own froze the serving event
         loop for seconds as it began."""
-        return Encoder(self.bundle_dir, self.manifest, intra_op_threads, tokenizers_of=self)
+        return Encoder(self.bundle_dir, self.manifest, intra_op_threads, spin, tokenizers_of=self)
+
+    def for_batch(self, requests: int) -> Encoder:
+        """The session to run a batch of `requests` on: `alone`, spinning, for a lone request,
+        which a hundred thread wake-ups would slow; this one, sleeping between ops, for a
+        batch, so that under load the idle threads leave the cores to the event loop."""
+        return self.alone if self.alone is not None and requests == 1 else self
 
     @property
     def dim(self) -> int:

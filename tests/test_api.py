@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 from app.engine.runtime import build_runtime
+from core.encoder import OUTPUT_NAMES, Encoder
 from tests.helpers import PAIRS, REPLY_ONLY, TOKEN, AppFactory, settings_for, upload
 
 pytestmark = pytest.mark.anyio
@@ -136,3 +138,22 @@ def test_the_spin_setting_reaches_the_encoder_session(artifacts: Path, spin: boo
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == entry
     # Spinning or not, no pool thread goes on spinning once a run has returned.
     assert options.get_session_config_entry("session.force_spinning_stop") == "1"
+
+
+def spinning(encoder: Encoder) -> bool:
+    return encoder.session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "1"
+
+
+def test_a_lone_request_runs_on_a_spinning_session_and_a_batch_on_a_sleeping_one(artifacts: Path) -> None:
+    encoder = build_runtime(settings_for(artifacts)).current().encoder
+    assert not spinning(encoder.for_batch(2)) and encoder.for_batch(2) is encoder
+    lone = encoder.for_batch(1)
+    assert lone is not encoder and spinning(lone) and lone.tokenizers is encoder.tokenizers
+    rows, outputs = encoder.tokenize(["hi! how are you?"], "context"), [OUTPUT_NAMES["context"]]
+    assert np.array_equal(lone.run_ids(rows, outputs)[0], encoder.run_ids(rows, outputs)[0])  # one graph, two sessions
+
+
+@pytest.mark.parametrize("overrides", [{"ort_spin_alone": False}, {"ort_spin": True}])
+def test_no_second_session_when_it_is_off_or_every_session_spins(artifacts: Path, overrides: dict[str, bool]) -> None:
+    encoder = build_runtime(settings_for(artifacts, **overrides)).current().encoder
+    assert encoder.alone is None and encoder.for_batch(1) is encoder

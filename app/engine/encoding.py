@@ -54,7 +54,7 @@ def run_jobs(jobs: Sequence[EncodeJob], stages: Stages | None = None) -> list[En
         outputs = [OUTPUT_NAMES["context"]] + ([POLY_OUTPUT] if poly else [])
         rows = [row for i in indices for row in jobs[i].rows]
         started = time.perf_counter()
-        arrays = encoder.run_ids(rows, outputs)  # [R, D] and [R, m, D]
+        arrays = encoder.for_batch(len(indices)).run_ids(rows, outputs)  # [R, D] and [R, m, D]
         if stages is not None:
             stages.observe("encode", time.perf_counter() - started)
         start = 0

@@ -143,6 +143,8 @@ def load_model(settings: Settings) -> Model:
     bundle_dir = settings.bundle_dir
     bundle = open_bundle(bundle_dir)  # a bundle whose files do not match its manifest stops here
     encoder = Encoder(bundle_dir, bundle, settings.ort_intra_op_threads, settings.ort_spin)
+    if settings.ort_spin_alone and not settings.ort_spin:
+        encoder.alone = encoder.sibling(settings.ort_intra_op_threads, spin=True)
     if bundle.poly is not None and not encoder.has_poly:
         raise BundleError(f"bundle {bundle.name}: the manifest names a poly head the encoder graph lacks")
     return Model(
