@@ -60,10 +60,11 @@ class Settings(BaseSettings):
     # saturation the event loop and searches keep those cycles, 6-10% more
     # requests/s (`python -m bench.ort_kernels`, `python -m bench.load --spin`).
     ort_spin: bool = False
-    # With ort_spin off, a batch of one request (low traffic) runs on a second session
+    # With ort_spin off, a batch of one request (low traffic) may run on a second session
     # that spins within a run: one context 3.4 -> 2.55 ms p50 (Intel Xeon with VNNI,
-    # `python -m bench.ort_kernels`), while batches of several keep sleeping threads.
-    # Costs a second copy of the encoder's session in memory.
+    # `python -m bench.ort_kernels`), while batches of several keep sleeping threads. At
+    # load both are timed on this CPU and the faster serves lone requests (/info says
+    # which). Costs a second copy of the encoder's session in memory.
     ort_spin_alone: bool = True
     # A single-query HNSW search is too small to gain from OpenMP threads.
     faiss_threads: int = Field(default=1, ge=1, le=64)

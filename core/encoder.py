@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import onnxruntime as ort
@@ -146,8 +146,10 @@ class Encoder:
         self.tokenizers: Tokenizers = (
             tokenizers_of.tokenizers if tokenizers_of else Tokenizers.load(bundle_dir, manifest)
         )
-        # A sibling whose threads spin within a run, for a batch of one request (`alone`).
+        # A sibling whose threads spin within a run, for a batch of one request (`for_batch`),
+        # and why it is there or not (the service measures both at load).
         self.alone: Encoder | None = None
+        self.alone_choice: dict[str, Any] = {}
 
     @property
     def lowercases(self) -> bool:

@@ -82,6 +82,8 @@ async def test_health_readiness_and_info(client: httpx.AsyncClient) -> None:
     assert info["index"]["replies"] == len({r for _, r in PAIRS} | set(REPLY_ONLY))
     assert info["index"]["queries"] == len(PAIRS)
     assert info["index"]["version"] == ready["index_version"]
+    sessions = info["model"]["encoder_sessions"]  # the choice made at load, with its figures and the CPU
+    assert sessions["lone_request_session"] in sessions["p50_ms"] and set(sessions["cpu"]) == {"model", "vnni"}
 
 
 async def test_without_an_index_the_service_is_alive_but_not_ready(make_client, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -144,16 +146,28 @@ def spinning(encoder: Encoder) -> bool:
     return encoder.session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "1"
 
 
-def test_a_lone_request_runs_on_a_spinning_session_and_a_batch_on_a_sleeping_one(artifacts: Path) -> None:
+def test_a_lone_request_runs_on_the_session_that_measured_faster_and_a_batch_on_a_sleeping_one(
+    artifacts: Path,
+) -> None:
     encoder = build_runtime(settings_for(artifacts)).current().encoder
-    assert not spinning(encoder.for_batch(2)) and encoder.for_batch(2) is encoder
+    choice = encoder.alone_choice
+    assert set(choice["p50_ms"]) == {"sleeping", "spinning"} and all(v > 0 for v in choice["p50_ms"].values())
+    faster = min(choice["p50_ms"], key=choice["p50_ms"].get)
+    assert choice["lone_request_session"] == faster
     lone = encoder.for_batch(1)
-    assert lone is not encoder and spinning(lone) and lone.tokenizers is encoder.tokenizers
+    assert spinning(lone) == (faster == "spinning") and (lone is encoder) == (faster == "sleeping")
+    assert encoder.for_batch(2) is encoder and not spinning(encoder)
+
+
+def test_the_spinning_sibling_shares_the_tokenizers_and_gives_the_same_vectors(artifacts: Path) -> None:
+    encoder = build_runtime(settings_for(artifacts)).current().encoder
+    sibling = encoder.sibling(spin=True)
+    assert spinning(sibling) and sibling.tokenizers is encoder.tokenizers
     rows, outputs = encoder.tokenize(["hi! how are you?"], "context"), [OUTPUT_NAMES["context"]]
-    assert np.array_equal(lone.run_ids(rows, outputs)[0], encoder.run_ids(rows, outputs)[0])  # one graph, two sessions
+    assert np.array_equal(sibling.run_ids(rows, outputs)[0], encoder.run_ids(rows, outputs)[0])  # one graph
 
 
 @pytest.mark.parametrize("overrides", [{"ort_spin_alone": False}, {"ort_spin": True}])
 def test_no_second_session_when_it_is_off_or_every_session_spins(artifacts: Path, overrides: dict[str, bool]) -> None:
     encoder = build_runtime(settings_for(artifacts, **overrides)).current().encoder
-    assert encoder.alone is None and encoder.for_batch(1) is encoder
+    assert encoder.alone is None and encoder.for_batch(1) is encoder and not encoder.alone_choice

@@ -22,6 +22,7 @@ def model_info(serving: Serving) -> dict[str, Any]:
         "dim": bundle.dim,
         "layers": bundle.num_layers,
         "quantization": bundle.quantization,
+        "encoder_sessions": serving.encoder.alone_choice or None,
         "max_context_turns": bundle.max_context_turns,
         "poly": asdict(bundle.poly) if bundle.poly else None,
         "language": bundle.language,

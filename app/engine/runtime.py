@@ -24,6 +24,7 @@ from app.config import Settings
 from app.engine.cache import EmbeddingCache
 from app.engine.compute import ComputePool
 from app.engine.encoding import EncoderQueue, encoder_queue
+from app.engine.kernels import choose_lone_session
 from app.engine.kv import Guarded, open_store
 from app.engine.sessions import SessionStore
 from app.engine.stats import Stages
@@ -144,7 +145,8 @@ def load_model(settings: Settings) -> Model:
     bundle = open_bundle(bundle_dir)  # a bundle whose files do not match its manifest stops here
     encoder = Encoder(bundle_dir, bundle, settings.ort_intra_op_threads, settings.ort_spin)
     if settings.ort_spin_alone and not settings.ort_spin:
-        encoder.alone = encoder.sibling(settings.ort_intra_op_threads, spin=True)
+        spinning = encoder.sibling(settings.ort_intra_op_threads, spin=True)
+        encoder.alone_choice = choose_lone_session(encoder, spinning)
     if bundle.poly is not None and not encoder.has_poly:
         raise BundleError(f"bundle {bundle.name}: the manifest names a poly head the encoder graph lacks")
     return Model(

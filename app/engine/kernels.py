@@ -1,0 +1,55 @@
+"""Which encoder session a lone request runs on, chosen at load on the CPU at hand.
+
+A session whose threads spin within a run skips about a hundred thread
+wake-ups in one context's pass. Whether that pays depends on the CPU (an Intel
+Xeon with VNNI: 3.4 against 2.55 ms p50, `python -m bench.ort_kernels`), so at
+load both sessions encode the same short contexts, taking turns, and the one
+with the lower p50 serves batches of one request. /info reports both figures,
+the choice and the CPU.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from core.encoder import OUTPUT_NAMES, Encoder
+
+PROBES = (
+    "hi! how are you?",
+    "do you like dogs? i have a golden retriever",
+    "i just got back from a week in the mountains, it was great",
+    "what do you do for fun on weekends?",
+)
+ROUNDS = 5  # each probe this many times per session, the sessions taking turns
+
+
+def cpu() -> dict[str, Any]:
+    """The CPU model and whether it has VNNI (int8 dot products), from /proc/cpuinfo where there is one."""
+    info = Path("/proc/cpuinfo")
+    lines = info.read_text().splitlines() if info.exists() else []
+    model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "unknown")
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    return {"model": model, "vnni": "avx512_vnni" in flags or "avx_vnni" in flags}
+
+
+def choose_lone_session(encoder: Encoder, spinning: Encoder) -> dict[str, Any]:
+    """Times both sessions on PROBES and gives `encoder.alone` the spinning one if it is faster."""
+    rows = encoder.tokenize(list(PROBES), "context")
+    outputs = [OUTPUT_NAMES["context"]]
+    seconds: dict[str, list[float]] = {"sleeping": [], "spinning": []}
+    sessions = {"sleeping": encoder, "spinning": spinning}
+    for session in sessions.values():  # the first run of a session allocates its buffers
+        session.run_ids(rows[:1], outputs)
+    for _ in range(ROUNDS):
+        for name, session in sessions.items():
+            for row in rows:
+                started = time.perf_counter()
+                session.run_ids([row], outputs)
+                seconds[name].append(time.perf_counter() - started)
+    p50_ms = {name: round(1000 * statistics.median(values), 3) for name, values in seconds.items()}
+    chosen = "spinning" if p50_ms["spinning"] < p50_ms["sleeping"] else "sleeping"
+    encoder.alone = spinning if chosen == "spinning" else None
+    return {"lone_request_session": chosen, "p50_ms": p50_ms, "cpu": cpu()}
