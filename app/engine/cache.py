@@ -52,12 +52,14 @@ class EmbeddingCache:
         digest = hashlib.blake2b(normalize(text, self.lowercase).encode(), digest_size=16).hexdigest()
         return f"emb:{model_checksum[:16]}:{kind}:{digest}"
 
-    async def get_many(self, keys: list[str], sizes: int | list[int]) -> list[np.ndarray | None]:
-        """Each hit is a float32 vector of its key's size (one size for all, or one per key)."""
+    async def get_many(self, keys: list[str], sizes: int | list[int], shared: bool = True) -> list[np.ndarray | None]:
+        """Each hit is a float32 vector of its key's size (one size for all, or one per key).
+
+        shared=False: only what this process keeps, for vectors `put_many` never shares."""
         expected = [sizes] * len(keys) if isinstance(sizes, int) else sizes
         found: list[np.ndarray | None] = [self._local.get(k) for k in keys]
         remote = [i for i, v in enumerate(found) if v is None]
-        if remote and self.store.status != "disabled":
+        if remote and shared and self.store.status != "disabled":
             values = await self.store.get_many([keys[i] for i in remote])
             for i, raw in zip(remote, values, strict=True):
                 if raw is not None and len(raw) == 4 * expected[i]:

@@ -39,21 +39,20 @@ async def embed(
 ) -> tuple[list[np.ndarray], np.ndarray | None]:
     """Context-side [D] vectors of `texts` and, for the text `poly_for`, its [m, D] poly vectors.
 
-    From the cache where it can (one round trip); the misses go to the
+    From the cache where it can (at most one Redis round trip); the misses go to the
     encoder queue as one job, so they cost one encoder pass together."""
     checksum, dim = serving.bundle.checksum, serving.encoder.dim
     distinct = list(dict.fromkeys(texts))
     keys = [runtime.cache.key(checksum, "context", t) for t in distinct]
-    sizes: list[int] = [dim] * len(distinct)
     m = serving.bundle.poly.codes if serving.bundle.poly is not None else 0
-    if poly_for is not None:
-        keys.append(runtime.cache.key(checksum, "poly", poly_for))
-        sizes.append(m * dim)
     stages, started = runtime.stages, time.perf_counter()
-    found = await runtime.cache.get_many(keys, sizes)
+    vectors = dict(zip(distinct, await runtime.cache.get_many(keys, dim), strict=True))
+    poly = None
+    if poly_for is not None:  # kept in this process only (below): no Redis key to look for
+        poly_key = runtime.cache.key(checksum, "poly", poly_for)
+        found = (await runtime.cache.get_many([poly_key], m * dim, shared=False))[0]
+        poly = found.reshape(m, dim) if found is not None else None
     stages.observe("cache_read", time.perf_counter() - started)
-    vectors = dict(zip(distinct, found[: len(distinct)], strict=True))
-    poly = found[-1].reshape(m, dim) if poly_for is not None and found[-1] is not None else None
     missing = [t for t in distinct if vectors[t] is None]
     if poly_for is not None and poly is None and poly_for not in missing:
         missing.append(poly_for)  # cached vector, evicted poly vectors: encode it again
