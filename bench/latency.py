@@ -25,6 +25,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from app.engine.kernels import cpu
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -34,15 +36,8 @@ def free_port() -> int:
 
 def cpu_description() -> str:
     """The CPU model, and whether it has VNNI: int8 speed and int8 saturation both depend on it."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown CPU"
-    fields = {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in info.splitlines())}
-    model = fields.get("model name", "unknown CPU")
-    flags = set(fields.get("flags", "").split())
-    vnni = "with VNNI" if flags & {"avx512_vnni", "avx_vnni"} else "no VNNI"
-    return f"{model}, {os.cpu_count()} cores, {vnni}"
+    found = cpu()  # what the service reports in /info, read the same way
+    return f"{found['model']}, {os.cpu_count()} cores, {'with VNNI' if found['vnni'] else 'no VNNI'}"
 
 
 def test_contexts(n: int, max_turns: int, seed: int = 0) -> list[list[str]]:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.engine.kernels import cpu
 from bench.latency import free_port
 from bench.load import ROOT, contexts, rss_mb, start, stop, write_bodies, wrk
 from core.bundle import RELEASE_BUNDLE, BundleManifest, open_bundle
@@ -40,17 +40,6 @@ from core.store import IndexStore
 
 MODEL_STAGES = ("encode", "search_queries", "search_replies")  # onnxruntime and FAISS; the rest is overhead
 WARMUP_S = 5  # an unmeasured run first: lazy initialisation and onnxruntime's arena growth
-
-
-def cpu() -> dict[str, Any]:
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
-    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
-    return {
-        "model": model or platform.processor(),
-        "cores": os.cpu_count(),
-        "vnni": "avx512_vnni" in flags or "avx_vnni" in flags,
-    }
 
 
 def stage_totals(url: str) -> tuple[dict[str, tuple[float, float]], float, float]:
@@ -194,7 +183,7 @@ def profile(args: argparse.Namespace, bundle: BundleManifest) -> None:
     one = next((r for r in runs if r["clients"] == 1), runs[0])
     report = {
         "command": "python -m bench.profile " + " ".join(sys.argv[1:]),
-        "cpu": cpu(),
+        "cpu": {**cpu(), "cores": os.cpu_count()},
         "index": f"{version} ({manifest.replies} replies, {manifest.queries} queries)",
         "redis": args.redis,
         "settings": args.set,
