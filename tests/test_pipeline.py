@@ -98,3 +98,15 @@ async def test_a_reply_whose_caller_left_is_not_stored(runtime: Runtime) -> None
 
     await pipeline.session_reply(runtime, "s-gone", "good night", ReplyOptions(3, BOTH), still_wanted=gone)
     assert (await runtime.sessions.history("s-gone")).turns == []
+
+
+@pytest.mark.anyio
+async def test_searches_run_with_the_configured_faiss_threads_in_every_worker() -> None:
+    """OpenMP's thread count is per thread: set once at startup, a worker would search with every core."""
+    import faiss
+
+    from app.engine.compute import ComputePool
+
+    pool = ComputePool(max_pending=8, workers=2, faiss_threads=7)  # 7: no machine's default here
+    seen = await asyncio.gather(*(pool.run(faiss.omp_get_max_threads) for _ in range(8)))
+    assert set(seen) == {7}
