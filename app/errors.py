@@ -32,6 +32,7 @@ class ErrorKind(StrEnum):
     payload_too_large = "payload_too_large"
     unauthorized = "unauthorized"
     not_found = "not_found"
+    no_candidate = "no_candidate"  # 404: nothing in the candidate set may answer this request
     method_not_allowed = "method_not_allowed"
     conflict = "conflict"
     overloaded = "overloaded"
@@ -44,6 +45,7 @@ STATUS = {
     ErrorKind.payload_too_large: 413,
     ErrorKind.unauthorized: 401,
     ErrorKind.not_found: 404,
+    ErrorKind.no_candidate: 404,
     ErrorKind.method_not_allowed: 405,
     ErrorKind.conflict: 409,
     ErrorKind.overloaded: 429,
@@ -141,7 +143,7 @@ _ENGINE_KINDS: dict[type[Exception], ErrorKind] = {
     NotReady: ErrorKind.not_ready,
     Closed: ErrorKind.not_ready,  # shutting down: another replica can answer
     Overloaded: ErrorKind.overloaded,
-    NoCandidates: ErrorKind.not_found,
+    NoCandidates: ErrorKind.no_candidate,
     Busy: ErrorKind.conflict,
 }
 
@@ -166,7 +168,7 @@ def install(app: FastAPI) -> None:
         return error_response(ApiError(kind, str(exc.detail)), exc.headers)
 
     async def engine_error(_: Request, exc: Exception) -> JSONResponse:
-        return error_response(ApiError(_ENGINE_KINDS[type(exc)], str(exc)))
+        return error_response(ApiError(_ENGINE_KINDS[type(exc)], str(exc), getattr(exc, "field", None)))
 
     async def unsupported(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, Unsupported)

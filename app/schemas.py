@@ -6,15 +6,28 @@ import re
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    WithJsonSchema,
+    field_validator,
+)
 
+from core.filters import Filter
 from core.retriever import Strategy
+from core.text import SCRIPT_OF_LANGUAGE
 
 MAX_TURNS = 20  # a reply looks at the last few turns; 20 is generous for any client
 MAX_TURN_CHARS = 1000  # about 250 tokens, past the encoder's context window anyway
 MAX_K = 50
 MAX_PAIRS = 64  # one encoder batch
 MAX_SESSION_ID_CHARS = 128
+MAX_TAGS = 16  # on a record, and in each list of a filter
+MAX_EXCLUDE_IDS = 256  # a client excluding what it said recently needs tens, not thousands
 # Strict: JSON `true` is not a k of 1, nor "0.5" a threshold.
 Cosine = Annotated[float, Field(ge=-1.0, le=1.0, strict=True)]  # every threshold is on a cosine scale
 
@@ -60,6 +73,34 @@ def _whole_number(value: object) -> object:
 
 
 Count = Annotated[int, Field(ge=1, le=MAX_K), BeforeValidator(_whole_number)]
+# A candidate's id, as uploaded or as /reply returns it ("reaction:3" for the model's reactions).
+CandidateId = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")]
+# A tag on a candidate ("kids", "campaign-2026", "persona:mina"): a short slug, compared exactly.
+Tag = Annotated[str, StringConstraints(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9._:-]+$")]
+
+
+def _known_language(code: str) -> str:
+    if code not in SCRIPT_OF_LANGUAGE:
+        raise ValueError(f"must be one of {sorted(SCRIPT_OF_LANGUAGE)}: the languages whose script is known")
+    return code
+
+
+Language = Annotated[
+    str, AfterValidator(_known_language), WithJsonSchema({"type": "string", "enum": sorted(SCRIPT_OF_LANGUAGE)})
+]
+
+
+def _no_repeats(items: list[str]) -> list[str]:
+    if len(set(items)) != len(items):
+        raise ValueError("must not repeat")
+    return items
+
+
+Tags = Annotated[
+    list[Tag],
+    Field(min_length=1, max_length=MAX_TAGS, json_schema_extra={"uniqueItems": True}),
+    AfterValidator(_no_repeats),
+]
 
 
 class Strict(BaseModel):
@@ -112,6 +153,24 @@ class ThresholdOverrides(Options):
         return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
+class ReplyFilter(Options):
+    """Which candidates may answer: every condition given must hold."""
+
+    tags_any: Tags | None = Field(default=None, description="Only candidates with at least one of these tags.")
+    tags_all: Tags | None = Field(default=None, description="Only candidates with every one of these tags.")
+    tags_none: Tags | None = Field(default=None, description="No candidate with any of these tags.")
+    language: Language | None = Field(default=None, description="Only candidates uploaded with this language.")
+
+    def rule(self, exclude_ids: list[str] | None = None) -> Filter:
+        return Filter(
+            tags_any=frozenset(self.tags_any or ()),
+            tags_all=frozenset(self.tags_all or ()),
+            tags_none=frozenset(self.tags_none or ()),
+            language=self.language,
+            exclude_ids=frozenset(exclude_ids or ()),
+        )
+
+
 class ReplyRequest(Options):
     # Either a whole context, or a session id with the new message.
     model_config = ConfigDict(
@@ -139,6 +198,16 @@ class ReplyRequest(Options):
     thresholds: ThresholdOverrides | None = Field(
         default=None, description="Override the model's calibrated thresholds for this request."
     )
+    filter: ReplyFilter | None = Field(default=None, description="Answer only from candidates that match.")
+    exclude_ids: Annotated[list[CandidateId], Field(min_length=1, max_length=MAX_EXCLUDE_IDS)] | None = Field(
+        default=None, description="Never answer with these candidate ids (as /reply returns them)."
+    )
+
+    def rule(self) -> Filter | None:
+        """The request's filter and exclusions as one rule; None when it has neither."""
+        if self.filter is None and self.exclude_ids is None:
+            return None
+        return (self.filter or ReplyFilter()).rule(self.exclude_ids)
 
     @field_validator("strategies")
     @classmethod

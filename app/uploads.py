@@ -1,5 +1,6 @@
 """Candidate uploads: JSON (an array, or {"records": [...]}), NDJSON, or CSV
-with a header naming `reply` and optionally `query` and `id` columns. Each
+with a header naming `reply` and optionally `query`, `id`, `language` and
+`tags` (separated by "|") columns. Each
 record is validated on its own, so every bad one is reported with its line
 (its position in a JSON array) and field.
 
@@ -34,14 +35,13 @@ from pydantic import (
     model_validator,
 )
 
-from app.schemas import Strict, Turn
+from app.schemas import CandidateId, Language, Strict, Tags, Turn
 from core.records import Candidate
-from core.text import SCRIPT_OF_LANGUAGE
 from index.candidates import RECORD_LINES
 
 Mode = Literal["replace", "append", "delete"]
 OnInvalid = Literal["reject", "skip"]
-RecordId = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")]
+RecordId = CandidateId
 MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 MAX_METADATA_TEXT = 256
 
@@ -63,17 +63,9 @@ MetadataValue = Annotated[
 MAX_METADATA_KEYS = 16  # kept per record in the candidate store; not a document store
 
 
-def _known_language(code: str) -> str:
-    if code not in SCRIPT_OF_LANGUAGE:
-        raise ValueError(f"must be one of {sorted(SCRIPT_OF_LANGUAGE)}: the languages whose script is known")
-    return code
-
-
-Language = Annotated[
-    str, AfterValidator(_known_language), WithJsonSchema({"type": "string", "enum": sorted(SCRIPT_OF_LANGUAGE)})
-]
 MAX_REPORTED = 100  # a million bad lines get the first hundred reasons
-CSV_COLUMNS = ("reply", "query", "id")
+CSV_COLUMNS = ("reply", "query", "id", "language", "tags")
+CSV_TAG_SEPARATOR = "|"  # a CSV record's tags in one field: "kids|greeting"
 
 
 class CandidateIn(Strict):
@@ -96,7 +88,9 @@ class CandidateIn(Strict):
     # "reaction": a short reply ("ㅋㅋㅋ", "haha") served in `language`'s conversations when no
     # retrieved reply is sure enough, instead of the model's own reaction set.
     kind: Literal["reply", "reaction"] = "reply"
+    # Filters select on these at request time (`filter` in /reply). A reaction's language is required.
     language: Language | None = None
+    tags: Tags | None = None
 
     @model_validator(mode="after")
     def _reaction_fields(self) -> CandidateIn:
@@ -196,7 +190,9 @@ def _csv_items(body: bytes) -> tuple[list[tuple[int, Any]], list[_Invalid]]:
     columns = [c.strip() for c in header]
     if "reply" not in columns:
         raise UploadError(
-            f"CSV needs a header with a reply column (and optionally query, id); got {columns}", "body", []
+            f"CSV needs a header with a reply column (and optionally {', '.join(CSV_COLUMNS[1:])}); got {columns}",
+            "body",
+            [],
         )
     unknown = sorted(set(columns) - set(CSV_COLUMNS))
     if unknown:
@@ -213,7 +209,10 @@ def _csv_items(body: bytes) -> tuple[list[tuple[int, Any]], list[_Invalid]]:
             reason = f"{extra} more field{'s' if extra > 1 else ''} than the header; quote fields that contain commas"
             errors.append(_Invalid(number, f"line {number}", reason))
             continue
-        items.append((number, {c: v for c, v in zip(columns, row, strict=False) if v != ""}))
+        record: dict[str, Any] = {c: v for c, v in zip(columns, row, strict=False) if v != ""}
+        if "tags" in record:
+            record["tags"] = record["tags"].split(CSV_TAG_SEPARATOR)
+        items.append((number, record))
     return items, errors
 
 
@@ -258,6 +257,7 @@ def parse_upload(body: bytes, content_type: str, mode: Mode, max_records: int, o
             metadata=dict(r.metadata) if r.metadata else None,
             kind=r.kind,
             language=r.language,
+            tags=tuple(r.tags or ()),
         )
         if isinstance(r, CandidateIn)
         else Candidate(reply="", id=r.id)  # deleting by id: the reply is a placeholder
@@ -274,7 +274,7 @@ def parse_upload(body: bytes, content_type: str, mode: Mode, max_records: int, o
 def upload_body(kind: Literal["upsert", "delete"]) -> dict[str, Any]:
     """The OpenAPI request body of an upload (records) or a deletion (ids or records), the JSON form record by record.
     NDJSON (`application/x-ndjson`: one such record per line) and CSV
-    (`text/csv`: a header naming reply, query, id) are accepted too; a
+    (`text/csv`: a header naming reply, query, id, language, tags) are accepted too; a
     schema cannot describe their lines, so they are named, not published."""
     schema = (RECORD if kind == "delete" else _CANDIDATE).json_schema()
     definitions = schema.pop("$defs", {})
@@ -283,6 +283,9 @@ def upload_body(kind: Literal["upsert", "delete"]) -> dict[str, Any]:
     record = {"anyOf": [definitions[b["$ref"].rsplit("/", 1)[1]] if "$ref" in b else b for b in branches]}
     return {
         "required": True,
-        "description": "Also accepted: application/x-ndjson (one record per line) and text/csv (reply, query, id).",
+        "description": (
+            "Also accepted: application/x-ndjson (one record per line) and text/csv "
+            "(reply, query, id, language, tags separated by |)."
+        ),
         "content": {"application/json": {"schema": {"type": "array", "minItems": 1, "items": record}}},
     }

@@ -20,6 +20,8 @@ class Candidate:
     # language's conversations, when no retrieved reply is sure enough.
     kind: str = "reply"  # "reply" or "reaction"
     language: str | None = None  # BCP 47; required for a reaction
+    # Request-time filters select on these (`core.filters`); stored with the version.
+    tags: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # The key is asked for several times a record in a reindex (merge, duplicates, build): a
@@ -49,6 +51,8 @@ def to_json(c: Candidate) -> str:
         body["kind"] = c.kind
     if c.language:
         body["language"] = c.language
+    if c.tags:
+        body["tags"] = list(c.tags)
     return json.dumps(body, ensure_ascii=False)
 
 
@@ -61,4 +65,5 @@ def from_json(raw: str | bytes) -> Candidate:
         metadata=body.get("metadata"),
         kind=body.get("kind", "reply"),
         language=body.get("language"),
+        tags=tuple(body.get("tags", ())),
     )

@@ -14,13 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import faiss
 import numpy as np
 
-from core import confidence
+from core import ann, confidence
 from core.bundle import BundleManifest, Thresholds
 from core.confidence import ConfidenceModel, ShareThreshold
 from core.confidence import features as confidence_features
 from core.encoder import Encoder
+from core.filters import Admitted, Filter, Selection, admitted
 from core.laps import Laps, lap
 from core.reactions import ReactionClassifier
 from core.reranker import PolyReranker
@@ -62,30 +64,41 @@ class Serving:
         bundle, none for a multilingual one, which has no language to assume."""
         return script_of(list(turns)) or SCRIPT_OF_LANGUAGE.get(self.bundle.language)
 
-    def uploaded_reactions(self, turns: Sequence[str]) -> np.ndarray:
-        """[X'] rows of the index version's uploaded reactions written in the conversation's script."""
+    def uploaded_reactions(self, turns: Sequence[str], rule: Filter | None = None) -> np.ndarray:
+        """[X'] rows of the index version's uploaded reactions written in the conversation's script
+        (and admitted by `rule`)."""
         index = self.index
         script = self.reaction_script(turns)
         if index.reaction_vectors is None or script is None:
             return np.empty(0, dtype=np.int64)
-        scripts = [SCRIPT_OF_LANGUAGE.get(language) for language in index.reaction_languages]
-        return np.array([i for i, s in enumerate(scripts) if s == script], dtype=np.int64)
+        rows = []
+        for i, language in enumerate(index.reaction_languages):
+            if SCRIPT_OF_LANGUAGE.get(language) != script:
+                continue
+            if rule and not rule.admits(index.reaction_ids[i], index.reaction_tags[i], language):
+                continue
+            rows.append(i)
+        return np.array(rows, dtype=np.int64)
 
-    def classifier_language(self, turns: Sequence[str]) -> str | None:
-        """The language of the bundle's reactions that the conversation is written in (its script, at least)."""
-        if self.reactions is None:
+    def classifier_language(self, turns: Sequence[str], rule: Filter | None = None) -> str | None:
+        """The language of the bundle's reactions that the conversation is written in (its script, at least).
+        None also when `rule` asks for tags (the model's reactions carry none) or another language."""
+        if self.reactions is None or (rule and rule.selects_tags):
             return None
         script = self.reaction_script(turns)
         if script is None:
             return None
-        return next((lang for lang in self.reactions.languages if SCRIPT_OF_LANGUAGE.get(lang) == script), None)
+        language = next((lang for lang in self.reactions.languages if SCRIPT_OF_LANGUAGE.get(lang) == script), None)
+        if rule and rule.language is not None and language != rule.language:
+            return None
+        return language
 
     def classifier_applies(self, turns: Sequence[str]) -> bool:
         return self.classifier_language(turns) is not None
 
-    def reactions_apply(self, turns: Sequence[str]) -> bool:
+    def reactions_apply(self, turns: Sequence[str], rule: Filter | None = None) -> bool:
         """Whether some reaction set fits the conversation: no English reaction in a Korean conversation."""
-        return len(self.uploaded_reactions(turns)) > 0 or self.classifier_applies(turns)
+        return len(self.uploaded_reactions(turns, rule)) > 0 or self.classifier_language(turns, rule) is not None
 
     def reaction_sets(self) -> list[ReactionSet]:
         """Every reaction set this snapshot can answer from: the model's, then those uploaded, by language."""
@@ -111,9 +124,12 @@ class Scored:
     source: Strategy
 
 
-def _search(index: object, vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def _search(
+    index: faiss.Index, vector: np.ndarray, k: int, only: Selection | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     # vector: [D] -> scores [k], rows [k]; FAISS pads missing hits with row -1
-    scores, rows = index.search(vector[None, :], k)  # type: ignore[attr-defined]
+    selector = only.selector() if only is not None else None
+    scores, rows = ann.search(index, vector[None, :], k, selector, only.count if only is not None else 0)
     keep = rows[0] >= 0
     return scores[0][keep], rows[0][keep]
 
@@ -180,19 +196,24 @@ def query_similarity(
     text: str,
     script: str | None = None,
     laps: Laps | None = None,
+    only: Admitted | None = None,
 ) -> list[Scored]:
     """Stored queries nearest to the last utterance -> the replies paired with them.
 
     `text`, the last utterance itself: a stored query equal to it once
     normalised comes first with score 1.0, the cosine of identical inputs,
     which the 8-bit codes would blur to about 0.997. `script`: the
-    conversation's; replies in it are kept when there are any (`_in_script`)."""
+    conversation's; replies in it are kept when there are any (`_in_script`).
+    `only`: the rows a request's filter admits; the search keeps to them."""
     index = serving.index
     exact = index.query_rows_by_text.get(normalize(text), [])
+    if only is not None:
+        exact = [row for row in exact if only.queries.admits(row)]
     # Several stored queries can share a reply, and blocked replies are
     # dropped afterwards, so over-fetch.
     with lap(laps, "search_queries"):
-        scores, rows = _search(index.query_index, query_vector, 2 * k + len(avoid) + OVERFETCH)
+        depth = 2 * k + len(avoid) + OVERFETCH
+        scores, rows = _search(index.query_index, query_vector, depth, only.queries if only else None)
     ranked = [(1.0, row) for row in exact] + [
         (score, row) for score, row in zip(scores.tolist(), rows.tolist(), strict=True) if row not in exact
     ]
@@ -214,19 +235,23 @@ def reply_matching(
     rerank_depth: int = 50,
     script: str | None = None,
     laps: Laps | None = None,
+    only: Admitted | None = None,
 ) -> list[Scored]:
     """Stored replies scored directly against the whole context.
 
     context_vector: [D]. With poly_vectors ([m, D]) the FAISS top
     `rerank_depth` are rescored by the poly head before the top k are taken.
     At least `confidence.DEPTH` hits come back, for the confidence features;
-    the caller keeps k. `script`: the conversation's (`_in_script`).
+    the caller keeps k. `script`: the conversation's (`_in_script`). `only`:
+    the rows a request's filter admits.
     """
     index = serving.index
     wanted = max(k, confidence.DEPTH)
     depth = max(wanted, rerank_depth) if poly_vectors is not None else wanted
     with lap(laps, "search_replies"):
-        scores, rows = _search(index.reply_index, context_vector, depth + len(avoid) + OVERFETCH)
+        scores, rows = _search(
+            index.reply_index, context_vector, depth + len(avoid) + OVERFETCH, only.replies if only else None
+        )
     if poly_vectors is not None and len(rows):
         if serving.reranker is None:
             raise ValueError("poly vectors given but the bundle has no poly head")
@@ -242,14 +267,22 @@ def reply_matching(
     return _distinct(_in_script(hits, script), wanted, avoid)
 
 
-def reaction(serving: Serving, context_vector: np.ndarray, k: int, avoid: Avoid, turns: Sequence[str]) -> list[Scored]:
+def reaction(
+    serving: Serving,
+    context_vector: np.ndarray,
+    k: int,
+    avoid: Avoid,
+    turns: Sequence[str],
+    rule: Filter | None = None,
+) -> list[Scored]:
     """The reactions that fit this context best, from a set that speaks its language.
 
     Reactions uploaded with the candidates come first, nearest to the context
     vector (score: the cosine); else the bundle's classifier (score: the class
     probability), if its language fits. A reaction is no exception to the echo
-    rule: "haha" after "haha" says the user's own words back."""
-    rows = serving.uploaded_reactions(turns)
+    rule: "haha" after "haha" says the user's own words back. Reactions are
+    candidates too: `rule` filters them as it filters replies."""
+    rows = serving.uploaded_reactions(turns, rule)
     index = serving.index
     if len(rows) and index.reaction_vectors is not None:
         scores = index.reaction_vectors[rows] @ context_vector  # [X']
@@ -258,7 +291,7 @@ def reaction(serving: Serving, context_vector: np.ndarray, k: int, avoid: Avoid,
             Scored(-1, index.reaction_ids[rows[i]], index.reaction_texts[rows[i]], float(scores[i]), "reaction")
             for i in order
         ]
-    elif (language := serving.classifier_language(turns)) is not None and serving.reactions is not None:
+    elif (language := serving.classifier_language(turns, rule)) is not None and serving.reactions is not None:
         classifier = serving.reactions
         labels = classifier.labels_in(language)
         hits = [
@@ -267,7 +300,8 @@ def reaction(serving: Serving, context_vector: np.ndarray, k: int, avoid: Avoid,
         ]
     else:
         return []
-    return list(itertools.islice((h for h in hits if not avoid.blocks(h.text)), k))
+    excluded = rule.exclude_ids if rule else frozenset()
+    return list(itertools.islice((h for h in hits if h.id not in excluded and not avoid.blocks(h.text)), k))
 
 
 @dataclass(frozen=True)
@@ -293,6 +327,7 @@ class WalkRequest:
     rerank_depth: int = 50
     threshold_given: bool = False  # the request set its own reply-matching threshold: no rolling share
     laps: Laps | None = None  # where the searches, the rerank and the reactions add their seconds
+    rule: Filter | None = None  # which candidates the request allows (tags, language, ids)
 
 
 def walk(serving: Serving, request: WalkRequest) -> Answer | None:
@@ -308,12 +343,14 @@ def walk(serving: Serving, request: WalkRequest) -> Answer | None:
     tried answers anyway: a low-confidence reply beats no reply.
     """
     k, allowed, thresholds = request.k, request.allowed, request.thresholds
-    can_react = "reaction" in allowed and serving.reactions_apply(request.window)
+    rule = request.rule or None  # an empty filter admits everything: no selector at all
+    only = admitted(serving.index, rule) if rule else None
+    can_react = "reaction" in allowed and serving.reactions_apply(request.window, rule)
     script = script_of(request.window)
     fallback: list[Scored] = []
     if "query_similarity" in allowed and request.query_vector is not None:
         hits = query_similarity(
-            serving, request.query_vector, k, request.avoid, request.window[-1], script, request.laps
+            serving, request.query_vector, k, request.avoid, request.window[-1], script, request.laps, only
         )
         if hits and hits[0].score >= thresholds.query_similarity:
             return Answer(hits[0], hits)
@@ -323,7 +360,7 @@ def walk(serving: Serving, request: WalkRequest) -> Answer | None:
     vector = request.context_vector
     if "reply_matching" in allowed and vector is not None:
         matched = reply_matching(
-            serving, vector, k, request.avoid, request.poly_vectors, request.rerank_depth, script, request.laps
+            serving, vector, k, request.avoid, request.poly_vectors, request.rerank_depth, script, request.laps, only
         )
         if matched:
             threshold = thresholds.reply_matching
@@ -340,7 +377,7 @@ def walk(serving: Serving, request: WalkRequest) -> Answer | None:
                 return Answer(matched[0], matched[:k], reranked, confidence)
     if can_react and vector is not None:
         with lap(request.laps, "reactions"):
-            reactions = reaction(serving, vector, k, request.avoid, request.window)
+            reactions = reaction(serving, vector, k, request.avoid, request.window, rule)
         if reactions:
             # The retrieved replies it passed over are the alternatives worth showing.
             shown = [reactions[0], *matched][:k] if matched else reactions

@@ -27,8 +27,10 @@ import re
 import shutil
 import socket
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,6 +83,12 @@ class Tables:
     reaction_ids: list[str] = field(default_factory=list)  # [X]
     reaction_texts: list[str] = field(default_factory=list)  # [X]
     reaction_languages: list[str] = field(default_factory=list)  # [X]
+    reaction_tags: list[list[str]] = field(default_factory=list)  # [X]
+    # Posting lists over reply rows for request-time filters (`core.filters`), ascending rows.
+    # Replies are deduplicated by text, so a reply carries every tag and language that any
+    # record with its text gives it: `tags_none: ["mature"]` drops it if any record says so.
+    reply_tag_rows: dict[str, list[int]] = field(default_factory=dict)  # tag -> rows
+    reply_language_rows: dict[str, list[int]] = field(default_factory=dict)  # language -> rows
 
 
 @dataclass
@@ -107,6 +115,28 @@ class IndexManifest:
         return cls(**{k: v for k, v in raw.items() if k in known})
 
 
+class Memo:
+    """A few derived lookups of one immutable version, computed on first use and kept
+    (least recently used first out). Searches run in several threads, hence the lock."""
+
+    def __init__(self, capacity: int = 64) -> None:
+        self.capacity = capacity
+        self._entries: OrderedDict[Hashable, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, compute: Callable[[], Any]) -> Any:
+        with self._lock:
+            if key in self._entries:
+                self._entries.move_to_end(key)
+                return self._entries[key]
+        value = compute()  # outside the lock: two threads may compute it once each, harmlessly
+        with self._lock:
+            self._entries[key] = value
+            while len(self._entries) > self.capacity:
+                self._entries.popitem(last=False)
+        return value
+
+
 @dataclass
 class IndexVersion:
     """One loaded, immutable version. Requests hold a reference to exactly one."""
@@ -122,10 +152,15 @@ class IndexVersion:
     reaction_texts: list[str] = field(default_factory=list)  # [X]
     reaction_languages: list[str] = field(default_factory=list)  # [X]
     reaction_vectors: np.ndarray | None = None  # [X, D] reply-side vectors
+    reaction_tags: list[tuple[str, ...]] = field(default_factory=list)  # [X]
+    reply_tag_rows: dict[str, np.ndarray] = field(default_factory=dict)  # tag -> [n] int64 rows, ascending
+    reply_language_rows: dict[str, np.ndarray] = field(default_factory=dict)  # language -> [n] int64 rows
     # normalised query text -> its query rows. A stored query typed again scores
     # about 0.997 through the 8-bit codes, under a calibrated threshold near 1;
     # looking it up by text gives it the 1.0 its fp32 cosine is.
     query_rows_by_text: dict[str, list[int]] = field(default_factory=dict)
+    # What `core.filters` derives from this version once and reuses: compiled filters, ids -> rows.
+    memo: Memo = field(default_factory=Memo, repr=False)
 
     @property
     def version(self) -> str:
@@ -274,6 +309,9 @@ class IndexStore:
             reaction_ids=tables.reaction_ids,
             reaction_texts=tables.reaction_texts,
             reaction_languages=tables.reaction_languages,
+            reaction_tags=[tuple(t) for t in tables.reaction_tags] or [() for _ in tables.reaction_ids],
+            reply_tag_rows=_arrays(tables.reply_tag_rows),
+            reply_language_rows=_arrays(tables.reply_language_rows),
             reaction_vectors=ann.vectors_of(faiss.read_index(str(reactions))) if reactions.is_file() else None,
             query_rows_by_text=_rows_by_text(tables.query_texts),
         )
@@ -305,6 +343,10 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # someone else's process: alive
         return True
     return True
+
+
+def _arrays(postings: dict[str, list[int]]) -> dict[str, np.ndarray]:
+    return {key: np.asarray(rows, dtype=np.int64) for key, rows in postings.items()}
 
 
 def _rows_by_text(texts: list[str]) -> dict[str, list[int]]:

@@ -34,28 +34,40 @@ MIN_SELF_RETRIEVAL = ann.RECALL_TARGET
 
 
 def tables(candidates: Sequence[Candidate]) -> Tables:
-    """Replies deduplicated by normalised text (first id wins); each distinct
-    normalised query points at the reply it was first paired with."""
+    """Replies deduplicated by normalised text (first id wins); a query row per
+    distinct (normalised query, reply) pair, the first pair of a query first. A
+    reply row carries the tags and languages of every record with its text."""
     reply_row: dict[str, int] = {}
     t = Tables([], [], [], [])
-    seen_queries: set[str] = set()
+    seen_queries: set[tuple[str, int]] = set()
+    tag_rows: dict[str, set[int]] = {}
+    language_rows: dict[str, set[int]] = {}
     for c in candidates:
         if c.kind == "reaction":
             t.reaction_ids.append(c.key)
             t.reaction_texts.append(c.reply)
             t.reaction_languages.append(c.language or "")
+            t.reaction_tags.append(list(c.tags))
             continue
         key = normalize(c.reply)
         if key not in reply_row:
             reply_row[key] = len(t.reply_texts)
             t.reply_ids.append(c.key)
             t.reply_texts.append(c.reply)
+        for tag in c.tags:
+            tag_rows.setdefault(tag, set()).add(reply_row[key])
+        if c.language:
+            language_rows.setdefault(c.language, set()).add(reply_row[key])
         if c.query:
-            query_key = normalize(c.query)
-            if query_key not in seen_queries:
-                seen_queries.add(query_key)
+            # One row per distinct (query, reply): "hi" answered one way for kids and another
+            # for adults must stay two rows, or a filter admitting one would lose its query.
+            pair = (normalize(c.query), reply_row[key])
+            if pair not in seen_queries:
+                seen_queries.add(pair)
                 t.query_texts.append(c.query)
                 t.query_reply_rows.append(reply_row[key])
+    t.reply_tag_rows = {tag: sorted(rows) for tag, rows in sorted(tag_rows.items())}
+    t.reply_language_rows = {lang: sorted(rows) for lang, rows in sorted(language_rows.items())}
     return t
 
 

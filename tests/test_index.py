@@ -66,18 +66,22 @@ def test_an_ann_that_misses_the_recall_target_falls_back_to_exact_search(monkeyp
     assert report.kind == "flat" and index.ntotal == ann.EXACT_BELOW + 5000
 
 
-def test_tables_dedupe_replies_and_keep_first_query() -> None:
+def test_tables_dedupe_replies_and_keep_a_query_row_per_pair() -> None:
     t = tables(
         [
-            Candidate(reply="Hello!", query="hi"),
-            Candidate(reply="hello!", query="hey"),  # same reply once normalised
-            Candidate(reply="bye", query="HI"),  # same query once normalised: dropped
+            Candidate(reply="Hello!", query="hi", tags=("kids",)),
+            Candidate(reply="hello!", query="hey", tags=("greeting",), language="en"),  # same reply normalised
+            Candidate(reply="bye", query="HI", tags=("mature",)),  # same query, another reply: its own row
+            Candidate(reply="HELLO!", query="Hi"),  # the same pair once normalised: dropped
             Candidate(reply="sure"),
         ]
     )
     assert t.reply_texts == ["Hello!", "bye", "sure"]
-    assert t.query_texts == ["hi", "hey"]
-    assert t.query_reply_rows == [0, 0]
+    assert t.query_texts == ["hi", "hey", "HI"]
+    assert t.query_reply_rows == [0, 0, 1]
+    # A reply row carries what every record with its text says of it.
+    assert t.reply_tag_rows == {"greeting": [0], "kids": [0], "mature": [1]}
+    assert t.reply_language_rows == {"en": [0]}
 
 
 def test_a_record_without_an_id_is_hashed_once_however_often_its_key_is_read(

@@ -84,6 +84,9 @@ def reply_call(
     strategies: Sequence[str] | None,
     rerank: bool | None,
     thresholds: Mapping[str, float] | None,
+    *,
+    filter: Mapping[str, Any] | None = None,
+    exclude_ids: Sequence[str] | None = None,
 ) -> Call:
     body: dict[str, Any] = {}
     if context is not None:
@@ -101,6 +104,10 @@ def reply_call(
     if thresholds is not None:
         # The server takes thresholds as strict floats.
         body["thresholds"] = {name: float(value) for name, value in thresholds.items()}
+    if filter is not None:
+        body["filter"] = {name: list(value) if name.startswith("tags") else value for name, value in filter.items()}
+    if exclude_ids is not None:
+        body["exclude_ids"] = list(exclude_ids)
     # A session reply appends the message and the reply to the session on the server: sent twice, both would
     # be recorded twice and the bot would avoid a reply it never delivered. A context reply changes nothing.
     return Call("POST", "/reply", idempotent=session_id is None and message is None, json=body)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Literal, Self, overload
+from typing import Any, Literal, Self, overload
 
 import httpx
 
@@ -107,11 +107,17 @@ class ChitchatClient:
         strategies: Sequence[str] | None = None,
         rerank: bool | None = None,
         thresholds: Mapping[str, float] | None = None,
+        filter: Mapping[str, Any] | None = None,
+        exclude_ids: Sequence[str] | None = None,
     ) -> ReplyResult:
         """The best next reply: to ``context`` (turns oldest first; a str is one turn), or to ``message`` in
         the server-side session ``session_id``. ``strategies``: query_similarity, reply_matching, reaction.
-        ``thresholds``: {"query_similarity": cos, "reply_matching": cos} overrides."""
-        call = _base.reply_call(context, session_id, message, k, strategies, rerank, thresholds)
+        ``thresholds``: {"query_similarity": cos, "reply_matching": cos} overrides. ``filter``:
+        {"tags_any": [...], "tags_all": [...], "tags_none": [...], "language": "ko"}; ``exclude_ids``:
+        candidate ids never to answer with. A filter that admits nothing raises `NoCandidate`."""
+        call = _base.reply_call(
+            context, session_id, message, k, strategies, rerank, thresholds, filter=filter, exclude_ids=exclude_ids
+        )
         return _base.parse(ReplyResult, self._send(call))
 
     def similar(

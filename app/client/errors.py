@@ -20,6 +20,7 @@ __all__ = [
     "ConnectionFailed",
     "InternalError",
     "MethodNotAllowed",
+    "NoCandidate",
     "NotFound",
     "NotReady",
     "Overloaded",
@@ -100,6 +101,12 @@ class NotFound(ChitchatError):
     kind = "not_found"
 
 
+class NoCandidate(NotFound):
+    """404: no candidate may answer this /reply: its filter admits none, or every one is excluded."""
+
+    kind = "no_candidate"
+
+
 class MethodNotAllowed(ChitchatError):
     kind = "method_not_allowed"
 
@@ -145,6 +152,7 @@ _BY_KIND: dict[str, type[ChitchatError]] = {
         PayloadTooLarge,
         Unauthorized,
         NotFound,
+        NoCandidate,
         MethodNotAllowed,
         Conflict,
         Overloaded,

@@ -15,6 +15,7 @@ from app.engine.runtime import Runtime
 from app.engine.sessions import SessionTurn
 from core import retriever
 from core.bundle import Thresholds
+from core.filters import Filter
 from core.laps import Laps
 from core.retriever import Answer, Serving, Strategy
 from core.text import normalize
@@ -23,7 +24,11 @@ log = logging.getLogger(__name__)
 
 
 class NoCandidates(Exception):
-    pass
+    """No candidate may answer: every one is excluded, or the request's filter admits none."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class Unsupported(Exception):
@@ -87,6 +92,7 @@ class ReplyOptions:
     rerank: bool | None = None  # None: rerank when the bundle has a poly head
     thresholds: dict[str, float] | None = None  # per-request overrides of the bundle's thresholds
     rerank_depth: int = 50  # FAISS hits the poly head rescores
+    rule: Filter | None = None  # which candidates may answer: tags, language, ids
 
 
 @dataclass(frozen=True)
@@ -109,10 +115,12 @@ async def reply(runtime: Runtime, turns: Sequence[str], options: ReplyOptions, e
     rerank = serving.reranker is not None if options.rerank is None else options.rerank
     if rerank and serving.reranker is None:
         raise Unsupported("rerank", f"bundle {serving.bundle.name} has no poly head to rerank with")
-    if list(allowed) == ["reaction"] and not serving.reactions_apply(window):
-        raise Unsupported(
-            "strategies", "no reaction set (the model's, or uploaded) speaks this conversation's language"
-        )
+    if list(allowed) == ["reaction"] and not serving.reactions_apply(window, options.rule):
+        if not serving.reactions_apply(window):
+            raise Unsupported(
+                "strategies", "no reaction set (the model's, or uploaded) speaks this conversation's language"
+            )
+        raise NoCandidates("no reaction in this conversation's language matches the filter and exclude_ids", "filter")
     wants_query = "query_similarity" in allowed
     wants_context = "reply_matching" in allowed or "reaction" in allowed
     with_poly = rerank and "reply_matching" in allowed  # reactions need no poly vectors
@@ -132,10 +140,13 @@ async def reply(runtime: Runtime, turns: Sequence[str], options: ReplyOptions, e
         rerank_depth=options.rerank_depth,
         threshold_given=bool(options.thresholds and "reply_matching" in options.thresholds),
         laps=laps,
+        rule=options.rule,
     )
     answer = await runtime.pool.run(retriever.walk, serving, request)
     runtime.stages.observe_all(laps.seconds)
     if answer is None:
+        if options.rule:
+            raise NoCandidates("no candidate matches the filter and exclude_ids, or every match was excluded", "filter")
         raise NoCandidates("every candidate was excluded")
     return ReplyOutcome(answer, serving.index_version)
 

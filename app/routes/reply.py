@@ -9,8 +9,9 @@ from app.errors import COMMON, ApiError, ErrorKind, responses
 from app.schemas import Candidate, ReplyRequest, ReplyResponse
 from core.retriever import STRATEGY_ORDER, Scored
 
-# not_found: every candidate was excluded (the bot's recent replies in a session, echoes of the user).
-router = APIRouter(tags=["reply"], responses=responses(*COMMON, ErrorKind.not_found))
+# no_candidate: every candidate was excluded (the bot's recent replies in a session, echoes of the
+# user), or the request's filter admits none.
+router = APIRouter(tags=["reply"], responses=responses(*COMMON, ErrorKind.no_candidate))
 
 
 def _candidate(hit: Scored) -> Candidate:
@@ -26,6 +27,7 @@ async def reply(body: ReplyRequest, runtime: RuntimeDep, request: Request) -> Re
         rerank=body.rerank,
         thresholds=body.thresholds.given() if body.thresholds else None,
         rerank_depth=runtime.settings.rerank_depth,
+        rule=body.rule(),
     )
     if body.context is not None:
         if body.session_id is not None or body.message is not None:

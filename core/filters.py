@@ -1,0 +1,118 @@
+"""Request-time filters: which stored replies (and reactions) a request may be answered with.
+
+A filter compiles, once per index version (`IndexVersion.memo`), into the
+rows each index admits: a bitmap FAISS tests during its search, so a top k
+comes back from the admitted rows alone and nothing is cut after the fact
+(`ann.search`). Stored queries are admitted by the reply they are paired
+with. Tags and languages are the records' own (`core.records.Candidate`);
+ids are the ones `/reply` returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import faiss
+import numpy as np
+
+from core.store import IndexVersion
+
+
+@dataclass(frozen=True)
+class Filter:
+    tags_any: frozenset[str] = frozenset()  # at least one of these
+    tags_all: frozenset[str] = frozenset()  # every one of these
+    tags_none: frozenset[str] = frozenset()  # none of these
+    language: str | None = None  # written in this language (as uploaded)
+    exclude_ids: frozenset[str] = frozenset()  # never these ids
+
+    def __bool__(self) -> bool:
+        return bool(self.tags_any or self.tags_all or self.tags_none or self.language or self.exclude_ids)
+
+    @property
+    def selects_tags(self) -> bool:
+        """Whether only tagged candidates can pass: the model's reactions carry no tags."""
+        return bool(self.tags_any or self.tags_all)
+
+    def admits(self, id: str, tags: tuple[str, ...] | frozenset[str], language: str | None) -> bool:
+        """One candidate, by its own fields: for the few reactions, which are not index rows."""
+        own = set(tags)
+        return (
+            id not in self.exclude_ids
+            and (not self.tags_any or bool(own & self.tags_any))
+            and self.tags_all <= own
+            and not own & self.tags_none
+            and (self.language is None or language == self.language)
+        )
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The rows of one index that a filter admits."""
+
+    mask: np.ndarray  # [N] bool
+
+    @cached_property
+    def count(self) -> int:
+        return int(self.mask.sum())
+
+    @property
+    def total(self) -> int:
+        return len(self.mask)
+
+    @cached_property
+    def bitmap(self) -> np.ndarray:
+        """[ceil(N / 8)] uint8, row i at bit i % 8 of byte i // 8: the layout of faiss.IDSelectorBitmap."""
+        return np.packbits(self.mask, bitorder="little")
+
+    def selector(self) -> faiss.IDSelector:
+        """A FAISS selector over `bitmap`. It points into the array without a copy, so this
+        Selection must outlive every search that uses it (it does: the caller holds it)."""
+        return faiss.IDSelectorBitmap(len(self.bitmap), faiss.swig_ptr(self.bitmap))
+
+    def admits(self, row: int) -> bool:
+        return bool(self.mask[row])
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A filter compiled against one version."""
+
+    replies: Selection  # [R]
+    queries: Selection  # [Q], by the reply each stored query is paired with
+
+
+def admitted(index: IndexVersion, rule: Filter) -> Admitted:
+    """The rows `rule` admits in `index`, computed once per version and filter."""
+    return index.memo.get(("filter", rule), lambda: _compile(index, rule))  # type: ignore[no-any-return]
+
+
+def _compile(index: IndexVersion, rule: Filter) -> Admitted:
+    total = len(index.reply_ids)
+    empty = np.empty(0, dtype=np.int64)
+    if rule.tags_any:
+        mask = np.zeros(total, dtype=bool)  # [R]
+        for tag in rule.tags_any:
+            mask[index.reply_tag_rows.get(tag, empty)] = True
+    else:
+        mask = np.ones(total, dtype=bool)
+    for tag in rule.tags_all:
+        keep = np.zeros(total, dtype=bool)
+        keep[index.reply_tag_rows.get(tag, empty)] = True
+        mask &= keep
+    for tag in rule.tags_none:
+        mask[index.reply_tag_rows.get(tag, empty)] = False
+    if rule.language is not None:
+        keep = np.zeros(total, dtype=bool)
+        keep[index.reply_language_rows.get(rule.language, empty)] = True
+        mask &= keep
+    if rule.exclude_ids:
+        rows = reply_rows_by_id(index)
+        mask[[rows[i] for i in rule.exclude_ids if i in rows]] = False
+    return Admitted(Selection(mask), Selection(mask[index.query_reply_rows]))
+
+
+def reply_rows_by_id(index: IndexVersion) -> dict[str, int]:
+    """id -> reply row, for `exclude_ids`: built on the first request that excludes by id."""
+    return index.memo.get("rows-by-id", lambda: {id: row for row, id in enumerate(index.reply_ids)})  # type: ignore[no-any-return]
