@@ -39,6 +39,10 @@ def _client(args: argparse.Namespace) -> ChitchatClient:
 def _reply(args: argparse.Namespace) -> int:
     with _client(args) as client:
         options: dict[str, Any] = {"k": args.k, "strategies": args.strategy, "rerank": args.rerank}
+        rule = {"tags_any": args.tag, "tags_all": args.all_tags, "tags_none": args.without_tag}
+        rule["language"] = args.language
+        options["filter"] = {name: value for name, value in rule.items() if value} or None
+        options["exclude_ids"] = args.exclude_id
         if args.session is not None:
             result = client.reply(session_id=args.session, message=args.text[0], **options)
         else:
@@ -220,6 +224,11 @@ def _parser() -> argparse.ArgumentParser:
     reply.add_argument("-k", type=int, help="candidates to return (1-50)")
     reply.add_argument("--strategy", action="append", choices=STRATEGIES, help="allow only these (repeatable)")
     reply.add_argument("--rerank", action=argparse.BooleanOptionalAction, help="rerank with the poly head")
+    reply.add_argument("--tag", action="append", metavar="TAG", help="only candidates with one of these (repeatable)")
+    reply.add_argument("--all-tags", action="append", metavar="TAG", help="only candidates with all of these")
+    reply.add_argument("--without-tag", action="append", metavar="TAG", help="no candidate with any of these")
+    reply.add_argument("--language", metavar="CODE", help="only candidates uploaded with this language")
+    reply.add_argument("--exclude-id", action="append", metavar="ID", help="never answer with this id (repeatable)")
 
     similar = command("similar", _similar, "the stored queries most similar to TEXT")
     similar.add_argument("text", metavar="TEXT")

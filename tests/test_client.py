@@ -314,6 +314,12 @@ def test_cli_reply_and_upload(live_url: str, tmp_path: Path, capsys: pytest.Capt
     assert cli.main([*connect, "reply", "--session", "cli-1", "hi! how are you?"]) == 0
     assert json.loads(capsys.readouterr().out)["session_id"] == "cli-1"
 
+    # Filters: "taco-1" is the only candidate with that id, and no candidate has that tag.
+    assert cli.main(["reply", "do you like tacos?", "--url", live_url, "--exclude-id", "taco-1", "-k", "50"]) == 0
+    assert "taco-1" not in {c["id"] for c in json.loads(capsys.readouterr().out)["candidates"]}
+    assert cli.main(["reply", "do you like tacos?", "--url", live_url, "--tag", "no-such-tag"]) == 1
+    assert "no_candidate" in capsys.readouterr().err
+
     assert cli.main([*connect, "upload", str(path), "--no-wait"]) == 0
     accepted = json.loads(capsys.readouterr().out)
     assert accepted["status"] == f"/admin/jobs/{accepted['job_id']}"

@@ -223,5 +223,21 @@ def test_a_conversation_in_a_phone_sized_browser(
     expect(page.locator("#error")).to_have_text(re.compile(r"too many requests.*retry in 1 s", re.IGNORECASE))
     expect(box).to_have_value("hello?")
     expect(page.locator(".msg")).to_have_count(0)
+    page.unroute("**/reply")
+
+    # The tag filter goes with the message; the tiny index has no tags, so the service says nothing matches.
+    sent: list[dict[str, object]] = []
+    page.route("**/reply", lambda route: (sent.append(route.request.post_data_json), route.continue_()))
+    page.get_by_label("Only tags").fill(" kids, greeting ,kids")
+    box.fill("hello?")
+    box.press("Enter")
+    expect(page.locator("#error")).to_have_text(re.compile(r"no candidate matches the filter"))
+    assert sent[-1]["filter"] == {"tags_any": ["kids", "greeting"]}
+    page.get_by_label("Only tags").fill("")
+    box.fill("hello?")
+    box.press("Enter")
+    expect(bot).to_have_count(1)
+    assert "filter" not in sent[-1]
+    console_errors.clear()  # the 404 above is logged as a failed request
 
     assert not script_errors, script_errors

@@ -14,6 +14,7 @@
   const sessionLabel = $("session-id");
   const indexLabel = $("index-version");
   const modelLabel = $("model-name");
+  const tagFilter = $("tag-filter");
 
   const REQUEST_TIMEOUT_MS = 15000;
   let sessionId = "";
@@ -105,6 +106,14 @@
     return response.status === 503 ? message + ". Please retry later." : message;
   }
 
+  // The request body: the session's next message, and the tag filter if one is typed.
+  function replyBody(forSession, text) {
+    const body = { session_id: forSession, message: text, k: 5 };
+    const tags = [...new Set(tagFilter.value.split(",").map((t) => t.trim()).filter(Boolean))];
+    if (tags.length) body.filter = { tags_any: tags };
+    return body;
+  }
+
   async function send(text) {
     const forSession = sessionId;
     const controller = new AbortController();
@@ -117,7 +126,7 @@
       const response = await fetch("reply", {
         method: "POST",
         headers: { "Content-Type": "application/json" },
-        body: JSON.stringify({ session_id: forSession, message: text, k: 5 }),
+        body: JSON.stringify(replyBody(forSession, text)),
         signal: controller.signal,
       });
       if (!response.ok) throw new Error(await errorMessage(response));
