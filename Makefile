@@ -22,7 +22,7 @@ MINILM_STUDENT := artifacts/bundles/chitchat-student-l3-int8
 
 .PHONY: help install install-train install-test install-dev run serve index train train-minilm eval ood release judge \
 	baselines multilingual multilingual-tune multilingual-release run-multilingual test test-service test-training \
-	lint format typecheck pytest lock bench bench-profile bench-load bench-ann bench-rerank bench-reindex bench-first-run chaos clean \
+	lint format typecheck pytest lock bench bench-profile bench-load bench-ann bench-filters bench-rerank bench-reindex bench-first-run chaos clean \
 	docker
 
 help:
@@ -182,6 +182,9 @@ bench-load: install-train index  ## the service against a naive one under wrk ->
 
 bench-ann: install index  ## FAISS index choices: recall against exact search, size, speed -> reports/ann.{md,json}
 	$(PY) -m bench.ann
+
+bench-filters: install index  ## filtered search at 1/10/50% selectivity: recall, /reply p50 -> reports/filters.{md,json}
+	$(PY) -m bench.filters
 
 chaos: install-dev index  ## faults, overload and hostile input -> reports/chaos.{md,json} (about 17 min)
 	$(PY) -m bench.chaos
