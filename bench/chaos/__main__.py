@@ -82,7 +82,11 @@ SCENARIOS: dict[int, Scenario] = {
         "excess gets 429 with Retry-After in < 50 ms; no request > 5 s; RSS flat",
         load_faults.too_many_clients,
     ),
-    7: ("hostile bodies", "413 or 422 naming the field, in < 100 ms", load_faults.hostile_bodies),
+    7: (
+        "hostile bodies",
+        "413 or 422 naming the field, in < 100 ms; a filter that admits nothing: 404 no_candidate",
+        load_faults.hostile_bodies,
+    ),
     8: ("schemathesis, all checks, admin token", "0 failures", security.schema_fuzz),
     9: (
         "admin routes x bad credentials",

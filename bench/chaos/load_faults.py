@@ -63,7 +63,27 @@ def hostile_bodies(ctx: Context) -> dict[str, Any]:
         "NUL bytes": ("/reply", json.dumps({"context": ["\x00\x00\x00"]}).encode()),
         "deep nesting": ("/reply", b'{"context": ' + b"[" * 5000 + b"]" * 5000 + b"}"),
         "similar: 10,000 pairs": ("/similar", json.dumps({"pairs": [["a", "b"]] * 10_000}).encode()),
+        "filter: 10,000 tags": (
+            "/reply",
+            json.dumps({"context": ["hi"], "filter": {"tags_any": ["t"] * 10_000}}).encode(),
+        ),
+        "filter: a path for a tag": (
+            "/reply",
+            json.dumps({"context": ["hi"], "filter": {"tags_all": ["../../etc"]}}).encode(),
+        ),
+        "filter: 1 MB tag": (
+            "/reply",
+            json.dumps({"context": ["hi"], "filter": {"tags_none": ["x" * 1_000_000]}}).encode(),
+        ),
+        "filter: a string": ("/reply", json.dumps({"context": ["hi"], "filter": "kids"}).encode()),
+        "filter: unknown language": (
+            "/reply",
+            json.dumps({"context": ["hi"], "filter": {"language": "x" * 64}}).encode(),
+        ),
+        "10,000 exclude_ids": ("/reply", json.dumps({"context": ["hi"], "exclude_ids": ["a"] * 10_000}).encode()),
     }
+    # Well-formed, but nothing matches: not bad input, a clear 404 naming the filter.
+    admits_nothing = json.dumps({"context": ["hi"], "filter": {"tags_any": ["no-such-tag"]}}).encode()
     results: dict[str, Any] = {}
     _, service = ctx.shared()
     with httpx.Client(base_url=service.url, timeout=30) as client:
@@ -80,8 +100,12 @@ def hostile_bodies(ctx: Context) -> dict[str, Any]:
                 "field": error.get("field"),
                 "ms": round((time.perf_counter() - started) * 1000, 1),
             }
+        response = client.post("/reply", content=admits_nothing, headers={"content-type": "application/json"})
+        error = response.json().get("error", {})
+        nothing = {"status": response.status_code, "kind": error.get("kind"), "field": error.get("field")}
     passed = all(r["status"] in (413, 422) and r["field"] and r["ms"] < 100 for r in results.values())
-    return {"cases": results, "pass": passed}
+    passed &= nothing == {"status": 404, "kind": "no_candidate", "field": "filter"}
+    return {"cases": results, "filter_admits_nothing": nothing, "pass": passed}
 
 
 def steady_load(ctx: Context) -> dict[str, Any]:
