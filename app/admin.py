@@ -1,17 +1,24 @@
-"""Wires the admin side: candidate store, jobs, lock and reindexer, on Redis
-when configured, else on the artifact volume and in process."""
+"""Wires the admin side of each candidate set: its candidate store, jobs, lock and
+reindexer, on Redis when configured, else on the artifact volume and in process.
+
+The default set keeps the keys and files it always had; another set's live
+under `set:<name>:` in Redis and `artifacts/sets/<name>/` on the volume.
+"""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 
 import redis
 
 from app.config import Settings
 from app.engine.jobs import (
     FINISHING_GRACE_S,
+    LOCK_KEY,
     FileJobStore,
+    Job,
     JobStore,
     Lock,
     ProcessLock,
@@ -19,10 +26,12 @@ from app.engine.jobs import (
     RedisLock,
     fail_dead,
 )
-from app.engine.reindex import Reindexer
+from app.engine.reindex import REINDEX_SECONDS, Reindexer
 from app.engine.replicas import Publisher, replica_id
 from app.engine.runtime import Runtime
-from index.candidates import CandidateStore, FileCandidateStore, RedisCandidateStore
+from app.engine.sets import DEFAULT_SET, CandidateSet, NoSuchSet, check_set_name, remove_set_dir, set_dir
+from app.engine.stats import Buckets
+from index.candidates import REDIS_KEY, CandidateStore, FileCandidateStore, RedisCandidateStore
 
 log = logging.getLogger(__name__)
 
@@ -30,13 +39,26 @@ log = logging.getLogger(__name__)
 ADMIN_REDIS_TIMEOUT_S = 10
 
 
+class SetLimit(Exception):
+    """A new set, or more candidates, would take the service past its configured limits."""
+
+    def __init__(self, message: str, field: str, too_large: bool) -> None:
+        super().__init__(message)
+        self.field = field
+        self.too_large = too_large  # 413 (too many candidates) rather than 409 (too many sets)
+
+
 @dataclass
-class Admin:
+class SetAdmin:
+    """One set's candidate store, jobs and reindexer."""
+
     reindexer: Reindexer
     jobs: JobStore
     candidates: CandidateStore
-    client: redis.Redis | None
-    origin: str  # this replica's id on the update channel
+
+    @property
+    def candidate_set(self) -> CandidateSet:
+        return self.reindexer.candidate_set
 
     def sweep(self) -> None:
         """Marks failed the active jobs whose process is gone, before someone reads them as running."""
@@ -46,35 +68,136 @@ class Admin:
         except Exception as error:  # a bad job record or a Redis blip must not fail the read
             log.warning("could not check for interrupted jobs: %s", error)
 
+
+@dataclass
+class Admin:
+    settings: Settings
+    runtime: Runtime
+    client: redis.Redis | None
+    origin: str  # this replica's id on the update channel
+    sets: dict[str, SetAdmin] = field(default_factory=dict)
+    # Every set's jobs, for /metrics: "succeeded"/"failed" -> count, and seconds from submit to done.
+    outcomes: dict[str, int] = field(default_factory=dict)
+    durations: Buckets = field(default_factory=lambda: Buckets(REINDEX_SECONDS))
+    _guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def default(self) -> SetAdmin:
+        return self.of(DEFAULT_SET)
+
+    def sweep(self) -> None:
+        """Every set's sweep: before a job of any set is read."""
+        for name in list(self.runtime.sets):
+            self.of(name).sweep()
+
+    def of(self, name: str, create: bool = False) -> SetAdmin:
+        """The admin side of set `name`. NoSuchSet unless the set exists or `create` (an upload)."""
+        check_set_name(name)
+        with self._guard:
+            if name not in self.runtime.sets:
+                if not create:
+                    raise NoSuchSet(name)
+                self._check_room_for_a_set(name)
+                set_dir(self.settings.artifacts_dir, name).joinpath("indexes").mkdir(parents=True, exist_ok=True)
+            if name not in self.sets or self.sets[name].candidate_set is not self.runtime.add_set(name):
+                self.sets[name] = self._wire(self.runtime.add_set(name))
+            return self.sets[name]
+
+    def find_job(self, job_id: str) -> Job | None:
+        """A job of any set, by id (ids are unique across sets)."""
+        for name in list(self.runtime.sets):
+            found = self.of(name).jobs.get(job_id)
+            if found is not None:
+                return found
+        return None
+
+    def check_total(self, name: str, after: int) -> None:
+        """SetLimit if set `name` holding `after` candidates would put all sets over the limit."""
+        others = sum(
+            s.serving.index.manifest.replies + len(s.serving.index.reaction_ids)
+            for n, s in self.runtime.sets.items()
+            if n != name and s.serving is not None
+        )
+        limit = self.settings.max_total_candidates
+        if others + after > limit:
+            raise SetLimit(
+                f"set {name!r} would hold {after:,} candidates and the other sets hold {others:,}: "
+                f"over the service's limit of {limit:,} (CHITCHAT_MAX_TOTAL_CANDIDATES)",
+                "records",
+                too_large=True,
+            )
+
+    def delete(self, name: str) -> None:
+        """Removes a named set: its candidates, jobs' lock and index versions, on every replica.
+        Busy while one of its jobs runs; the default set is never deleted."""
+        if name == DEFAULT_SET:
+            raise ValueError("the default set cannot be deleted; replace its candidates instead")
+        admin = self.of(name)
+        holding = admin.reindexer.claim(f"delete-{name}@{self.origin}")
+        try:
+            with self._guard:
+                self.runtime.drop_set(name)
+                self.sets.pop(name, None)
+            admin.candidates.remove()
+            remove_set_dir(self.settings.artifacts_dir, name)  # the other replicas drop it at their next look
+        finally:
+            holding.release()
+
     def close(self) -> None:
         if self.client is not None:
             self.client.close()
 
+    def _check_room_for_a_set(self, name: str) -> None:
+        if len(self.runtime.sets) >= self.settings.max_sets:
+            raise SetLimit(
+                f"cannot create set {name!r}: the service holds {len(self.runtime.sets)} sets, its limit "
+                "(CHITCHAT_MAX_SETS); delete one first",
+                "set",
+                too_large=False,
+            )
+
+    def _wire(self, candidate_set: CandidateSet) -> SetAdmin:
+        name = candidate_set.name
+        candidates: CandidateStore
+        jobs: JobStore
+        lock: Lock
+        if self.client is not None:
+            prefix = "" if name == DEFAULT_SET else f"set:{name}:"
+            candidates = RedisCandidateStore(self.client, f"{prefix}{REDIS_KEY}")
+            jobs, lock = RedisJobStore(self.client, prefix), RedisLock(self.client, f"{prefix}{LOCK_KEY}")
+        else:
+            root = self.settings.artifacts_dir if name == DEFAULT_SET else set_dir(self.settings.artifacts_dir, name)
+            candidates = FileCandidateStore(root / "candidates.jsonl")
+            jobs, lock = FileJobStore(root / "jobs"), ProcessLock()
+        publish = Publisher(self.client, self.origin, name)
+        reindexer = Reindexer(
+            self.runtime, candidate_set, candidates, jobs, lock, publish, self.outcomes, self.durations
+        )
+        admin = SetAdmin(reindexer, jobs, candidates)
+        self._sweep_at_start(admin)
+        return admin
+
+    def _sweep_at_start(self, admin: SetAdmin) -> None:
+        try:
+            # Without Redis this is the only process: a job active before it started is dead. With
+            # it, a job is alive while its token holds the lock, whichever replica or host runs it.
+            grace = 0 if self.client is None else FINISHING_GRACE_S
+            for job_id in fail_dead(admin.jobs, admin.reindexer.lock, grace_s=grace):
+                log.warning("reindex job %s was interrupted (its process is gone); marked failed", job_id)
+        except Exception as error:  # a bad job record must not stop the replica from starting
+            log.warning("could not check for interrupted jobs: %s", error)
+        # Builds whose process is gone; a build another replica is writing is left alone.
+        for leftover in admin.candidate_set.store.remove_staging():
+            log.warning("removed %s: an index build whose process is gone", leftover)
+
 
 def build_admin(settings: Settings, runtime: Runtime) -> Admin:
     client: redis.Redis | None = None
-    candidates: CandidateStore
-    jobs: JobStore
-    lock: Lock
     if settings.redis_url:
         client = redis.Redis.from_url(
             settings.redis_url, socket_timeout=ADMIN_REDIS_TIMEOUT_S, socket_connect_timeout=2
         )
-        candidates, jobs, lock = RedisCandidateStore(client), RedisJobStore(client), RedisLock(client)
-    else:
-        candidates = FileCandidateStore(settings.artifacts_dir / "candidates.jsonl")
-        jobs, lock = FileJobStore(settings.artifacts_dir / "jobs"), ProcessLock()
-    origin = replica_id()
-    reindexer = Reindexer(runtime, candidates, jobs, lock, Publisher(client, origin))
-    admin = Admin(reindexer, jobs, candidates, client, origin)
-    try:
-        # Without Redis this is the only process, just started: every active job is dead. With
-        # it, a job is alive while its token holds the lock, whichever replica or host runs it.
-        for job_id in fail_dead(jobs, lock, grace_s=0 if client is None else FINISHING_GRACE_S):
-            log.warning("reindex job %s was interrupted (its process is gone); marked failed", job_id)
-    except Exception as error:  # a bad job record must not stop the replica from starting
-        log.warning("could not check for interrupted jobs: %s", error)
-    # Builds whose process is gone; a build another replica is writing is left alone.
-    for leftover in runtime.store.remove_staging():
-        log.warning("removed %s: an index build whose process is gone", leftover)
+    admin = Admin(settings, runtime, client, replica_id())
+    for name in list(runtime.sets):
+        admin.of(name)
     return admin

@@ -116,6 +116,10 @@ class Settings(BaseSettings):
     # Candidate uploads: ~100 bytes a record, so 32 MiB holds the 200k-record limit.
     admin_max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     admin_max_records: int = Field(default=200_000, ge=1)
+    # Candidate sets (the default one included) and their candidates together. The chitchat set of
+    # 96k replies holds 125 MB of FAISS indexes in every replica, so the limits bound its memory.
+    max_sets: int = Field(default=16, ge=1, le=1000)
+    max_total_candidates: int = Field(default=1_000_000, ge=1)
 
     @property
     def bundles_root(self) -> Path:

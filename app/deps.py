@@ -11,7 +11,8 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from app.config import Settings
-from app.engine.runtime import NotReady, Runtime
+from app.engine.runtime import Runtime
+from app.engine.sets import NotReady
 
 
 async def get_runtime(request: Request) -> Runtime:

@@ -18,10 +18,11 @@ from pydantic import BaseModel
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.admin import SetLimit
 from app.engine.batcher import Closed, Overloaded
 from app.engine.pipeline import NoCandidates, Unsupported
 from app.engine.reindex import Busy
-from app.engine.runtime import NotReady
+from app.engine.sets import BadSetName, NoSuchSet, NotReady
 from app.uploads import UploadError
 
 log = logging.getLogger(__name__)
@@ -145,6 +146,8 @@ _ENGINE_KINDS: dict[type[Exception], ErrorKind] = {
     Overloaded: ErrorKind.overloaded,
     NoCandidates: ErrorKind.no_candidate,
     Busy: ErrorKind.conflict,
+    NoSuchSet: ErrorKind.not_found,
+    BadSetName: ErrorKind.validation,
 }
 
 
@@ -174,6 +177,11 @@ def install(app: FastAPI) -> None:
         assert isinstance(exc, Unsupported)
         return error_response(ApiError(ErrorKind.validation, str(exc), exc.field))
 
+    async def set_limit(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, SetLimit)
+        kind = ErrorKind.payload_too_large if exc.too_large else ErrorKind.conflict
+        return error_response(ApiError(kind, str(exc), exc.field))
+
     async def upload_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, UploadError)
         kind = ErrorKind.payload_too_large if exc.too_large else ErrorKind.validation
@@ -194,5 +202,6 @@ def install(app: FastAPI) -> None:
         app.add_exception_handler(engine_exception, engine_error)
     app.add_exception_handler(Unsupported, unsupported)
     app.add_exception_handler(UploadError, upload_error)
+    app.add_exception_handler(SetLimit, set_limit)
     app.add_exception_handler(RedisError, redis_error)
     app.add_exception_handler(Exception, unexpected)

@@ -9,6 +9,7 @@ larger body past it.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -77,10 +78,13 @@ class AdmissionLimit:
 
 
 class BodySizeLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int, per_path: dict[str, int] | None = None) -> None:
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, bulk_bytes: int | None = None, bulk_paths: re.Pattern[str] | None = None
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
-        self.per_path = per_path or {}  # exact path -> its own limit (bulk uploads)
+        self.bulk_bytes = bulk_bytes or max_bytes  # the limit of paths that take bulk uploads
+        self.bulk_paths = bulk_paths  # matched whole against the path
 
     async def _reject(self, send: Send, limit: int) -> None:
         await _send_error(send, ApiError(ErrorKind.payload_too_large, f"request body exceeds {limit} bytes", "body"))
@@ -89,7 +93,8 @@ class BodySizeLimit:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
             await self.app(scope, receive, send)
             return
-        limit = self.per_path.get(scope["path"], self.max_bytes)
+        bulk = self.bulk_paths is not None and self.bulk_paths.fullmatch(scope["path"]) is not None
+        limit = self.bulk_bytes if bulk else self.max_bytes
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             await self._reject(send, limit)

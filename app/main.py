@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import signal
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -26,6 +27,8 @@ log = logging.getLogger(__name__)
 
 # The routes whose work queues for the encoder, and so what admission control counts.
 ENCODER_ROUTES = frozenset({"/reply", "/similar"})
+# Candidate uploads, of the default set or a named one: the admin body limit, not the request one.
+UPLOAD_PATHS = re.compile(r"/admin/(sets/[^/]{1,64}/)?candidates(/delete)?")
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -74,7 +77,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(
         BodySizeLimit,
         max_bytes=settings.max_body_bytes,
-        per_path={p: settings.admin_max_body_bytes for p in ("/admin/candidates", "/admin/candidates/delete")},
+        bulk_bytes=settings.admin_max_body_bytes,
+        bulk_paths=UPLOAD_PATHS,
     )
     app.add_middleware(
         AdmissionLimit, admission=app.state.admission, paths=ENCODER_ROUTES, max_drain_bytes=settings.max_body_bytes

@@ -13,8 +13,10 @@ from typing import Any, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, InfoMetricFamily
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from app.engine import describe
 from app.engine.stats import Buckets
 from app.limits import Admission
 from core.retriever import Strategy
@@ -93,9 +95,9 @@ class EngineCollector(Collector):
         yield CounterMetricFamily(
             "chitchat_redis_skipped_calls", "Calls skipped while bypassed", value=kv.skipped_calls
         )
-        serving = runtime.serving
+        serving = runtime.default.serving if runtime.sets else None
         if serving is not None:
-            info = InfoMetricFamily("chitchat_serving", "The bundle and index version being served")
+            info = InfoMetricFamily("chitchat_serving", "The bundle and the default set's index version being served")
             info.add_metric(
                 [],
                 {
@@ -107,18 +109,40 @@ class EngineCollector(Collector):
             )
             yield info
             candidates = GaugeMetricFamily(
-                "chitchat_index_entries", "Stored texts in the served index", labels=["kind"]
+                "chitchat_index_entries", "Stored texts in the default set's served index", labels=["kind"]
             )
             candidates.add_metric(["replies"], serving.index.manifest.replies)
             candidates.add_metric(["queries"], serving.index.manifest.queries)
             yield candidates
+        yield from _sets(runtime)
         if admin is not None:
-            reindexer = admin.reindexer
-            jobs = CounterMetricFamily("chitchat_reindex_jobs", "Reindex jobs finished, by outcome", labels=["outcome"])
-            for outcome in sorted({*REINDEX_OUTCOMES, *reindexer.outcomes}):
-                jobs.add_metric([outcome], reindexer.outcomes.get(outcome, 0))
+            jobs = CounterMetricFamily(
+                "chitchat_reindex_jobs", "Reindex jobs finished, every set's, by outcome", labels=["outcome"]
+            )
+            for outcome in sorted({*REINDEX_OUTCOMES, *admin.outcomes}):
+                jobs.add_metric([outcome], admin.outcomes.get(outcome, 0))
             yield jobs
-            yield _histogram("chitchat_reindex_seconds", "Reindex jobs, submit to done", reindexer.durations)
+            yield _histogram("chitchat_reindex_seconds", "Reindex jobs, submit to done", admin.durations)
+
+
+def _sets(runtime: Any) -> Iterator[Metric]:
+    """Per candidate set: its stored texts and the memory its indexes hold."""
+    entries = GaugeMetricFamily("chitchat_set_entries", "Stored texts in a set's served index", labels=["set", "kind"])
+    memory = GaugeMetricFamily(
+        "chitchat_set_index_bytes", "Bytes of a set's served FAISS indexes (held in memory)", labels=["set"]
+    )
+    for name, candidates in runtime.sets.items():
+        if candidates.serving is None:
+            continue
+        manifest = candidates.serving.index.manifest
+        entries.add_metric([name, "replies"], manifest.replies)
+        entries.add_metric([name, "queries"], manifest.queries)
+        entries.add_metric([name, "reactions"], len(candidates.serving.index.reaction_ids))
+        size = describe.index_bytes(candidates)
+        if size is not None:
+            memory.add_metric([name], size)
+    yield entries
+    yield memory
 
 
 class Metrics:

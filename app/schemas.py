@@ -6,6 +6,7 @@ import re
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
+from fastapi import Query
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -17,6 +18,7 @@ from pydantic import (
     field_validator,
 )
 
+from app.engine.sets import DEFAULT_SET, SET_NAME
 from core.filters import Filter
 from core.retriever import Strategy
 from core.text import SCRIPT_OF_LANGUAGE
@@ -73,6 +75,9 @@ def _whole_number(value: object) -> object:
 
 
 Count = Annotated[int, Field(ge=1, le=MAX_K), BeforeValidator(_whole_number)]
+# A candidate set's name (app/engine/sets.py): it becomes a directory name, so it is checked first.
+SetName = Annotated[str, StringConstraints(min_length=1, max_length=32, pattern=f"^{SET_NAME.pattern}$")]
+SetQuery = Annotated[SetName, Query(description="A candidate set; the default set unless named.")]
 # A candidate's id, as uploaded or as /reply returns it ("reaction:3" for the model's reactions).
 CandidateId = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")]
 # A tag on a candidate ("kids", "campaign-2026", "persona:mina"): a short slug, compared exactly.
@@ -198,6 +203,7 @@ class ReplyRequest(Options):
     thresholds: ThresholdOverrides | None = Field(
         default=None, description="Override the model's calibrated thresholds for this request."
     )
+    set: SetName = Field(default=DEFAULT_SET, description="The candidate set to answer from.")
     filter: ReplyFilter | None = Field(default=None, description="Answer only from candidates that match.")
     exclude_ids: Annotated[list[CandidateId], Field(min_length=1, max_length=MAX_EXCLUDE_IDS)] | None = Field(
         default=None, description="Never answer with these candidate ids (as /reply returns them)."
@@ -236,6 +242,7 @@ class ReplyResponse(BaseModel):
     confidence: float | None = None
     candidates: list[Candidate]
     index_version: str
+    set: str  # the candidate set it was answered from, at `index_version`
     session_id: str | None = None
 
 
@@ -256,6 +263,7 @@ class SimilarRequest(Options):
         default=None, description="Sentence pairs to score."
     )
     k: Count | None = Field(default=None, description="How many stored queries to return (with text).")
+    set: SetName = Field(default=DEFAULT_SET, description="The candidate set whose stored queries to search.")
 
 
 class SimilarQuery(BaseModel):
@@ -268,6 +276,7 @@ class SimilarResponse(BaseModel):
     matches: list[SimilarQuery] | None = None
     scores: list[float] | None = None  # one cosine per input pair, in order
     index_version: str
+    set: str
 
 
 class Health(BaseModel):
@@ -277,7 +286,8 @@ class Health(BaseModel):
 class Readiness(BaseModel):
     ready: bool
     bundle: str | None
-    index_version: str | None
+    index_version: str | None  # the default set's
+    sets: dict[str, str | None] = {}  # each set's index version here, None while it has none
     redis: Literal["up", "down", "disabled"]
     problem: str | None = None  # why not ready: loading, draining, or what failed to load
 

@@ -18,8 +18,8 @@ from core.files import atomic_file
 from core.records import Candidate, from_json, to_json
 from core.text import normalize
 
-REDIS_KEY = "candidates"
-WRITTEN_KEY = "candidates:written"  # set once the store has been written, even if empty since
+REDIS_KEY = "candidates"  # the default set's; another set's is "set:<name>:candidates"
+# f"{key}:written" is set once a store has been written, even if empty since
 CHUNK = 5000  # records per Redis round trip
 # The report key under which an upload hands the reindexer each record's line; not kept in the job.
 RECORD_LINES = "record_lines"
@@ -37,25 +37,31 @@ class CandidateStore(Protocol):
     def count(self) -> int: ...
     def written(self) -> bool: ...
     def replace(self, candidates: Iterable[Candidate]) -> None: ...
+    def remove(self) -> None: ...  # the whole store, when its set is deleted
 
 
 class RedisCandidateStore:
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, key: str = REDIS_KEY) -> None:
         self.client = client
+        self.key = key  # one hash per candidate set
+        self.written_key = f"{key}:written"
 
     def all(self) -> list[Candidate]:
-        records = [from_json(v) for _, v in self.client.hscan_iter(REDIS_KEY, count=CHUNK)]
+        records = [from_json(v) for _, v in self.client.hscan_iter(self.key, count=CHUNK)]
         return sorted(records, key=lambda c: c.key)  # a stable order: stable index rows
 
     def count(self) -> int:
-        return int(self.client.hlen(REDIS_KEY))
+        return int(self.client.hlen(self.key))
 
     def written(self) -> bool:
-        return bool(self.client.exists(WRITTEN_KEY))
+        return bool(self.client.exists(self.written_key))
+
+    def remove(self) -> None:
+        self.client.delete(self.key, self.written_key)
 
     def replace(self, candidates: Iterable[Candidate]) -> None:
         """Written under a temporary key, then renamed over the live one."""
-        staging = f"{REDIS_KEY}:staging:{uuid.uuid4().hex}"  # pids repeat across containers
+        staging = f"{self.key}:staging:{uuid.uuid4().hex}"  # pids repeat across containers
         self.client.delete(staging)
         batch: dict[str, str] = {}
         for c in candidates:
@@ -67,10 +73,10 @@ class RedisCandidateStore:
             self.client.hset(staging, mapping=batch)  # type: ignore[arg-type]
         with self.client.pipeline(transaction=True) as pipe:
             if self.client.exists(staging):
-                pipe.rename(staging, REDIS_KEY)
+                pipe.rename(staging, self.key)
             else:
-                pipe.delete(REDIS_KEY)
-            pipe.set(WRITTEN_KEY, 1)
+                pipe.delete(self.key)
+            pipe.set(self.written_key, 1)
             pipe.execute()
 
 
@@ -89,6 +95,9 @@ class FileCandidateStore:
 
     def written(self) -> bool:
         return self.path.is_file()
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
 
     def replace(self, candidates: Iterable[Candidate]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

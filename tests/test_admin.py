@@ -207,7 +207,12 @@ async def test_rollback_serves_the_previous_version(admin_client: httpx.AsyncCli
     first = await version_of(admin_client)
     job = await upload(admin_client, [{"reply": "new!", "query": "what's new?"}])
     response = await admin_client.post("/admin/rollback", headers=AUTH)
-    assert response.json() == {"from": job["version"], "to": first, "after_swap": {"publish": "done", "prune": "done"}}
+    assert response.json() == {
+        "set": "default",
+        "from": job["version"],
+        "to": first,
+        "after_swap": {"publish": "done", "prune": "done"},
+    }
     assert await version_of(admin_client) == first
     assert (await admin_client.post("/admin/rollback", headers=AUTH)).status_code == 409  # nothing older
     # The candidate store went back too: the next upload builds on what is served, not on what was rolled back.

@@ -22,13 +22,13 @@ BOTH: list[Strategy] = ["query_similarity", "reply_matching"]
 @pytest.fixture
 def runtime(artifacts: Path) -> Runtime:
     runtime = build_runtime(settings_for(artifacts))
-    assert runtime.serving is not None
+    assert runtime.default.serving is not None
     return runtime
 
 
 def with_query_threshold(runtime: Runtime, threshold: float) -> Runtime:
     serving = runtime.current()
-    runtime.serving = replace(serving, thresholds=replace(serving.thresholds, query_similarity=threshold))
+    runtime.default.serving = replace(serving, thresholds=replace(serving.thresholds, query_similarity=threshold))
     return runtime
 
 

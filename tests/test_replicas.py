@@ -31,38 +31,39 @@ def copy_version(store: IndexStore, version: str, name: str, **manifest: str) ->
 
 
 def test_a_version_the_pointer_left_while_it_loaded_is_not_swapped_in(runtime: Runtime) -> None:
-    store = runtime.store
+    default = runtime.default
+    store = default.store
     serving = runtime.current().index_version
     copy_version(store, serving, LATER)
-    loaded = runtime.serve_version(LATER)
-    assert runtime.behind() is None  # the pointer names what serves
-    assert not runtime.swap_if_pointed(loaded, "test")  # ... not what was loaded
+    loaded = runtime.serve_version(default, LATER)
+    assert default.behind() is None  # the pointer names what serves
+    assert not default.swap_if_pointed(loaded, "test")  # ... not what was loaded
     assert runtime.current().index_version == serving
     store.set_current(LATER)
-    assert runtime.behind() == LATER
-    assert runtime.swap_if_pointed(loaded, "test")
-    assert runtime.current().index_version == LATER and runtime.behind() is None
+    assert default.behind() == LATER
+    assert default.swap_if_pointed(loaded, "test")
+    assert runtime.current().index_version == LATER and default.behind() is None
 
 
 def test_another_models_version_is_refused_before_its_files_are_read(runtime: Runtime) -> None:
-    store = runtime.store
+    store = runtime.default.store
     copy_version(store, runtime.current().index_version, LATER, bundle_checksum="0" * 64)
     (store.path(LATER) / REPLY_INDEX).unlink()  # read first, this would raise FileNotFoundError instead
     with pytest.raises(ValueError, match="another model"):
-        runtime.serve_version(LATER)
+        runtime.serve_version(runtime.default, LATER)
 
 
 @pytest.mark.parametrize("name", ["../../etc", "/etc/passwd", "v1", "v20990101T000000000000-abcdef/..", ""])
 def test_a_name_that_is_not_a_version_never_becomes_a_path(runtime: Runtime, name: str) -> None:
     with pytest.raises(BadVersion):
-        runtime.store.path(name)
+        runtime.default.store.path(name)
     with pytest.raises(BadVersion):
-        runtime.serve_version(name)
+        runtime.serve_version(runtime.default, name)
 
 
 def test_a_pointer_naming_a_path_reads_as_no_version(runtime: Runtime) -> None:
-    (runtime.store.root / "CURRENT").write_text("../../etc\n")
-    assert runtime.store.current() is None
+    (runtime.default.store.root / "CURRENT").write_text("../../etc\n")
+    assert runtime.default.store.current() is None
 
 
 def test_another_hosts_staging_is_removed_only_once_abandoned(tmp_path: Path) -> None:

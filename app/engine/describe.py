@@ -7,7 +7,9 @@ from dataclasses import asdict
 from typing import Any
 
 from app.engine.runtime import QUERY_SIMILARITY_OFF
+from app.engine.sets import CandidateSet
 from core.retriever import Serving
+from core.store import QUERY_INDEX, REACTION_INDEX, REPLY_INDEX
 from core.text import SCRIPT_OF_LANGUAGE
 
 
@@ -72,6 +74,43 @@ def index_info(serving: Serving, versions: list[str]) -> dict[str, Any]:
         "profile": index.profile,
         "versions": versions,
     }
+
+
+def set_info(candidates: CandidateSet) -> dict[str, Any]:
+    """A set, for `/admin/sets`: what it serves here, its counts and what its index holds in memory."""
+    serving = candidates.serving
+    if serving is None:
+        return {"name": candidates.name, "ready": False, "problem": candidates.problem, "version": None}
+    manifest = serving.index.manifest
+    return {
+        "name": candidates.name,
+        "ready": True,
+        "version": manifest.version,
+        "replies": manifest.replies,
+        "queries": manifest.queries,
+        "reactions": len(serving.index.reaction_ids),
+        "tags": len(serving.index.reply_tag_rows),
+        "index_bytes": index_bytes(candidates),
+        "created_at": manifest.created_at,
+        "source": manifest.source,
+    }
+
+
+def index_bytes(candidates: CandidateSet) -> int | None:
+    """The size of the served version's FAISS files: what its indexes hold in this process's memory,
+    as they are read whole at load (the texts beside them are not counted)."""
+    serving = candidates.serving
+    if serving is None:
+        return None
+    directory = candidates.store.path(serving.index_version)
+    try:
+        return sum(
+            (directory / f).stat().st_size
+            for f in (REPLY_INDEX, QUERY_INDEX, REACTION_INDEX)
+            if (directory / f).is_file()
+        )
+    except OSError:  # the version was removed meanwhile (the set deleted on another replica)
+        return None
 
 
 def thresholds_from(serving: Serving) -> str:

@@ -103,28 +103,31 @@ class JobStore(Protocol):
 
 
 class RedisJobStore:
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, prefix: str = "") -> None:
         self.client = client
+        self.prefix = prefix  # "" for the default set, "set:<name>:" for another
+        self.recent_key = f"{prefix}{RECENT_KEY}"
+        self.active_key = f"{prefix}jobs:active"
 
     def save(self, job: Job) -> None:
         job.updated_at = time.time()
         with self.client.pipeline(transaction=True) as pipe:
-            pipe.set(f"job:{job.id}", json.dumps(asdict(job)), ex=JOB_TTL_S)
+            pipe.set(f"{self.prefix}job:{job.id}", json.dumps(asdict(job)), ex=JOB_TTL_S)
             if job.active:
-                pipe.sadd("jobs:active", job.id)
+                pipe.sadd(self.active_key, job.id)
             else:
-                pipe.srem("jobs:active", job.id)
-            pipe.zadd(RECENT_KEY, {job.id: job.created_at})
+                pipe.srem(self.active_key, job.id)
+            pipe.zadd(self.recent_key, {job.id: job.created_at})
             # Job records expire; their places in the listing go with them.
-            pipe.zremrangebyscore(RECENT_KEY, "-inf", time.time() - JOB_TTL_S)
+            pipe.zremrangebyscore(self.recent_key, "-inf", time.time() - JOB_TTL_S)
             pipe.execute()
 
     def get(self, job_id: str) -> Job | None:
-        raw = self.client.get(f"job:{job_id}")
+        raw = self.client.get(f"{self.prefix}job:{job_id}")
         return Job.from_json(raw) if isinstance(raw, bytes | str) else None
 
     def active(self) -> list[Job]:
-        ids = [i.decode() if isinstance(i, bytes) else str(i) for i in self.client.smembers("jobs:active")]
+        ids = [i.decode() if isinstance(i, bytes) else str(i) for i in self.client.smembers(self.active_key)]
         return [job for job in (self.get(i) for i in ids) if job is not None and job.active]
 
     def recent(self, limit: int) -> list[Job]:
@@ -134,18 +137,18 @@ class RedisJobStore:
         while len(jobs) < limit:
             ids = [
                 i.decode() if isinstance(i, bytes) else str(i)
-                for i in self.client.zrevrange(RECENT_KEY, start, start + limit - 1)
+                for i in self.client.zrevrange(self.recent_key, start, start + limit - 1)
             ]
             if not ids:
                 break
             start += len(ids)
-            for job_id, raw in zip(ids, self.client.mget([f"job:{i}" for i in ids]), strict=True):
+            for job_id, raw in zip(ids, self.client.mget([f"{self.prefix}job:{i}" for i in ids]), strict=True):
                 if isinstance(raw, bytes | str):
                     jobs.append(Job.from_json(raw))
                 else:  # evicted before its TTL ran out (maxmemory)
                     gone.append(job_id)
         if gone:
-            self.client.zrem(RECENT_KEY, *gone)
+            self.client.zrem(self.recent_key, *gone)
         return jobs[:limit]
 
 
@@ -215,21 +218,22 @@ class RedisLock:
     _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
     _RENEW = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('expire', KEYS[1], ARGV[2]) end return 0"
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, key: str = LOCK_KEY) -> None:
         self.client = client
+        self.key = key  # one lock per candidate set
 
     def acquire(self, token: str) -> bool:
-        return bool(self.client.set(LOCK_KEY, token, nx=True, ex=LOCK_TTL_S))
+        return bool(self.client.set(self.key, token, nx=True, ex=LOCK_TTL_S))
 
     def renew(self, token: str) -> bool:
         """Whether this token still held the lock (and now holds it for another TTL)."""
-        return bool(self.client.eval(self._RENEW, 1, LOCK_KEY, token, LOCK_TTL_S))
+        return bool(self.client.eval(self._RENEW, 1, self.key, token, LOCK_TTL_S))
 
     def release(self, token: str) -> None:
-        self.client.eval(self._RELEASE, 1, LOCK_KEY, token)
+        self.client.eval(self._RELEASE, 1, self.key, token)
 
     def holder(self) -> str | None:
-        raw = self.client.get(LOCK_KEY)
+        raw = self.client.get(self.key)
         return raw.decode() if isinstance(raw, bytes) else None
 
 

@@ -13,6 +13,7 @@ import numpy as np
 from app.engine.encoding import EncodeJob
 from app.engine.runtime import Runtime
 from app.engine.sessions import SessionTurn
+from app.engine.sets import DEFAULT_SET
 from core import retriever
 from core.bundle import Thresholds
 from core.filters import Filter
@@ -93,6 +94,7 @@ class ReplyOptions:
     thresholds: dict[str, float] | None = None  # per-request overrides of the bundle's thresholds
     rerank_depth: int = 50  # FAISS hits the poly head rescores
     rule: Filter | None = None  # which candidates may answer: tags, language, ids
+    set_name: str = DEFAULT_SET  # the candidate set to answer from
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,7 @@ async def reply(runtime: Runtime, turns: Sequence[str], options: ReplyOptions, e
     """The walk of `retriever.walk` over one snapshot, with one encoder pass for
     the vectors it needs. No answer is ever a near copy of a turn of the
     conversation, or a reply in `exclude` (normalised texts)."""
-    serving = runtime.current()  # this request's snapshot, start to end
+    serving = runtime.current(options.set_name)  # this request's snapshot, start to end
     allowed = options.strategies
     window = list(turns[-serving.bundle.max_context_turns :])  # what the context vector sees
     rerank = serving.reranker is not None if options.rerank is None else options.rerank
@@ -189,8 +191,10 @@ async def session_reply(
     return outcome
 
 
-async def similar_queries(runtime: Runtime, text: str, k: int) -> tuple[list[tuple[str, str, float]], str]:
-    serving = runtime.current()
+async def similar_queries(
+    runtime: Runtime, text: str, k: int, set_name: str = DEFAULT_SET
+) -> tuple[list[tuple[str, str, float]], str]:
+    serving = runtime.current(set_name)
     vector = (await embed(runtime, serving, [text]))[0][0]  # [D]
     index = serving.index
     scores, rows = await runtime.pool.run(retriever.search_queries, serving, vector, k)
@@ -201,8 +205,10 @@ async def similar_queries(runtime: Runtime, text: str, k: int) -> tuple[list[tup
     return matches, serving.index_version
 
 
-async def pair_scores(runtime: Runtime, pairs: Sequence[tuple[str, str]]) -> tuple[list[float], str]:
-    serving = runtime.current()
+async def pair_scores(
+    runtime: Runtime, pairs: Sequence[tuple[str, str]], set_name: str = DEFAULT_SET
+) -> tuple[list[float], str]:
+    serving = runtime.current(set_name)
     vectors, _ = await embed(runtime, serving, [t for pair in pairs for t in pair])
     stacked = np.stack(vectors)  # [2P, D]
     a, b = stacked[0::2], stacked[1::2]  # [P, D] each

@@ -27,6 +27,7 @@ from typing import Any
 from app.engine.jobs import Job, JobStore, Lock, Renewer, fail_dead
 from app.engine.memory import return_freed_memory
 from app.engine.runtime import Runtime
+from app.engine.sets import CandidateSet
 from app.engine.stats import Buckets
 from app.engine.versions import prune
 from core.records import Candidate
@@ -41,26 +42,37 @@ BACKGROUND_NICE = 10  # Linux: per-thread niceness; inherited by threads it star
 FINAL_SAVE_S = 120
 
 
+REINDEX_SECONDS = (5, 15, 30, 60, 120, 300, 600)  # the buckets of a job's duration
+
+
 class Busy(Exception):
     """Another reindex or rollback holds the lock."""
 
 
 class Reindexer:
+    """One set's reindex jobs: its candidate store, jobs and lock. Sets never wait on each other's."""
+
     def __init__(
         self,
         runtime: Runtime,
+        candidate_set: CandidateSet,
         candidates: CandidateStore,
         jobs: JobStore,
         lock: Lock,
         publish: Callable[[str], None],
+        outcomes: dict[str, int] | None = None,
+        durations: Buckets | None = None,
     ) -> None:
         self.runtime = runtime
+        self.candidate_set = candidate_set
         self.candidates = candidates
         self.jobs = jobs
         self.lock = lock
         self.publish = publish
-        self.outcomes: dict[str, int] = {}  # "succeeded"/"failed" -> jobs, for /metrics
-        self.durations = Buckets((5, 15, 30, 60, 120, 300, 600))  # seconds from submit to done
+        # For /metrics, shared by every set's reindexer when given: "succeeded"/"failed" -> jobs,
+        # and seconds from submit to done.
+        self.outcomes: dict[str, int] = {} if outcomes is None else outcomes
+        self.durations = durations or Buckets(REINDEX_SECONDS)
 
     def submit(self, mode: str, upload: list[Candidate], report: dict[str, Any] | None = None) -> Job:
         job = Job.new(mode)
@@ -131,12 +143,13 @@ class Reindexer:
         self, job: Job, holding: Renewer, upload: list[Candidate], lines: list[int] | None = None
     ) -> None:
         model = self.runtime.current_model()
-        serving = self.runtime.serving  # None until the first version exists: this job may build it
+        target = self.candidate_set
+        serving = target.serving  # None until the first version exists: this job may build it
         job.previous_version = serving.index_version if serving else None
         self._progress(job, "load", 0.0)
         current = self.candidates.all()
         if not current and not self.candidates.written() and serving is not None:
-            current = self.runtime.store.records(serving.index_version)
+            current = target.store.records(serving.index_version)
         merged = apply(current, job.mode, upload)
         if job.mode != "delete":  # only here are the stored records known: the upload alone cannot tell
             job.report["duplicates"] = duplicates(current, job.mode, upload, merged, lines)
@@ -152,7 +165,7 @@ class Reindexer:
             merged,
             encoder,
             model.bundle.checksum,
-            self.runtime.store,
+            target.store,
             source=f"admin:{job.mode}",
             progress=False,
             on_progress=lambda stage, fraction: self._progress(job, stage, fraction),
@@ -163,9 +176,9 @@ class Reindexer:
         self._progress(job, "swap", 0.0)
         if not holding.still_held():  # another replica may be reindexing: only the holder swaps
             raise RuntimeError("lost the reindex lock before the swap; the built version was not served")
-        fresh = self.runtime.serve_version(manifest.version)
+        fresh = self.runtime.serve_version(target, manifest.version)
         self.candidates.replace(merged)  # only now: the new version is built and valid
-        self.runtime.point_to(fresh, f"reindex job {job.id}")
+        target.point_to(fresh, f"reindex job {job.id}")
         job.report["after_swap"] = self.after_swap(manifest.version)
 
     def after_swap(self, version: str) -> dict[str, str]:
@@ -173,7 +186,7 @@ class Reindexer:
         version serves either way, and the replicas also find it at the pointer."""
         steps: dict[str, Callable[[], None]] = {
             "publish": lambda: self.publish(version),
-            "prune": lambda: prune(self.runtime),
+            "prune": lambda: prune(self.candidate_set),
         }
         outcome = {}
         for step, run in steps.items():

@@ -1,12 +1,14 @@
-"""Cross-replica coordination: every replica serves the version the pointer
-file names (`indexes/CURRENT` on the shared volume, the one owner of "which
-version serves"), and Redis pub/sub only says when to look.
+"""Cross-replica coordination: for every candidate set, every replica serves the
+version the set's pointer file names (`indexes/CURRENT` on the shared volume,
+the one owner of "which version serves"), and Redis pub/sub only says when to
+look.
 
-A replica looks at the pointer every `index_poll_s` and at once when a
-message arrives. So a replica that misses a message (Redis down, restarting,
-the publish failed) still converges within one poll, and a message is never
-trusted: its version name is checked and then only wakes the replica, which
-follows the pointer, not the message.
+A replica looks at the sets on the volume and at their pointers every
+`index_poll_s`, and at once when a message arrives. So a replica that misses
+a message (Redis down, restarting, the publish failed) still converges within
+one poll, and a message is never trusted: its set and version names are
+checked and then only wake the replica, which follows the pointers, not the
+message. A set created elsewhere is found and loaded; a deleted one is dropped.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
 
 from app.engine.runtime import Runtime
+from app.engine.sets import DEFAULT_SET, SET_NAME, CandidateSet, indexes_root, names_on_volume
 from core.store import VERSION_NAME
 
 log = logging.getLogger(__name__)
@@ -38,24 +41,27 @@ def replica_id() -> str:
 
 
 class Publisher:
-    def __init__(self, client: redis.Redis | None, origin: str) -> None:
+    def __init__(self, client: redis.Redis | None, origin: str, set_name: str = DEFAULT_SET) -> None:
         self.client = client
         self.origin = origin
+        self.set_name = set_name
 
     def __call__(self, version: str) -> None:
         if self.client is None:
             return  # no channel: the other processes (if any) find it at their next poll
-        self.client.publish(CHANNEL, json.dumps({"version": version, "origin": self.origin}))
+        message = {"version": version, "origin": self.origin, "set": self.set_name}
+        self.client.publish(CHANNEL, json.dumps(message))
 
 
 class Follower:
-    """Keeps this replica on the pointer's version."""
+    """Keeps this replica on every set's pointer, and its sets those on the volume."""
 
     def __init__(self, runtime: Runtime, poll_s: float) -> None:
         self.runtime = runtime
         self.poll_s = poll_s
         self.wake = asyncio.Event()
-        self._refused: str | None = None  # a version that failed to load: logged once, not retried each poll
+        # (set, version) that failed to load: logged once, not retried each poll
+        self._refused: set[tuple[str, str]] = set()
 
     async def run(self) -> None:
         while True:
@@ -68,19 +74,32 @@ class Follower:
                 log.exception("following the index pointer failed; trying again")
 
     async def follow(self) -> bool:
-        """Swaps to the pointer's version if this replica serves another. Returns whether it swapped."""
+        """Adds the sets new on the volume, drops those gone from it, and swaps each set to its
+        pointer's version where this replica serves another. Returns whether any set swapped."""
         runtime = self.runtime
-        version = await anyio.to_thread.run_sync(runtime.behind)
-        if version is None or version == self._refused or runtime.model is None:
+        if runtime.model is None:
+            return False
+        on_volume = await anyio.to_thread.run_sync(names_on_volume, runtime.settings.artifacts_dir)
+        for gone in set(runtime.sets) - set(on_volume):
+            runtime.drop_set(gone)
+            log.info("set %s: deleted on the volume; no longer served", gone)
+        swapped = False
+        for name in on_volume:
+            swapped |= await self._follow_set(runtime.add_set(name))
+        return swapped
+
+    async def _follow_set(self, candidates: CandidateSet) -> bool:
+        version = await anyio.to_thread.run_sync(candidates.behind)
+        if version is None or (candidates.name, version) in self._refused:
             return False
         try:
-            fresh = await anyio.to_thread.run_sync(runtime.serve_version, version)
+            fresh = await anyio.to_thread.run_sync(self.runtime.serve_version, candidates, version)
         except (OSError, ValueError, KeyError) as error:
-            self._refused = version
-            log.error("cannot serve index %s, which the pointer names: %s", version, error)
+            self._refused.add((candidates.name, version))
+            log.error("set %s: cannot serve index %s, which the pointer names: %s", candidates.name, version, error)
             return False
         # Loading took seconds: if the pointer moved meanwhile, the next look loads that one instead.
-        return await anyio.to_thread.run_sync(runtime.swap_if_pointed, fresh, "the pointer moved")
+        return await anyio.to_thread.run_sync(candidates.swap_if_pointed, fresh, "the pointer moved")
 
     def heard(self, raw: bytes | str, origin: str) -> None:
         """A message on the channel: checked, then a reason to look at the pointer."""
@@ -88,16 +107,21 @@ class Follower:
             body = json.loads(raw)
             version = body["version"]
             sender = body.get("origin")
-        except (ValueError, KeyError, TypeError):
-            log.warning("ignored an index update that is not {version, origin} JSON: %r", raw[:120])
+            name = body.get("set", DEFAULT_SET)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            log.warning("ignored an index update that is not {version, origin, set} JSON: %r", raw[:120])
             return
         if not isinstance(version, str) or not VERSION_NAME.fullmatch(version):
             log.warning("ignored an index update naming %r: not an index version name", str(version)[:120])
             return
-        if not self.runtime.store.path(version).is_dir():
-            log.warning("ignored an index update naming %s: no such version on this volume", version)
+        if not isinstance(name, str) or not SET_NAME.fullmatch(name):
+            log.warning("ignored an index update for %r: not a set name", str(name)[:120])
+            return
+        if not (indexes_root(self.runtime.settings.artifacts_dir, name) / version).is_dir():
+            log.warning("ignored an index update naming %s of set %s: no such version on this volume", version, name)
             return
         if sender != origin:
+            # A set this replica has not seen yet is found on the volume by `follow`.
             self.wake.set()
 
 

@@ -1,4 +1,4 @@
-"""Rollback: serve the version before the one the pointer names, on every replica.
+"""Rollback: serve a set's version before the one its pointer names, on every replica.
 
 It takes the same lock as a reindex job, so the two never overlap, and ends
 with the same steps after the swap (tell the replicas, prune).
@@ -16,22 +16,22 @@ from app.engine.versions import previous_version
 def rollback(reindexer: Reindexer) -> tuple[str, str, dict[str, str]]:
     """Serve the version before the one the pointer names (this model's), on every replica.
     Returns (from, to, what the steps after the swap did). LookupError: there is none."""
-    runtime = reindexer.runtime
+    runtime, target = reindexer.runtime, reindexer.candidate_set
     holding = reindexer.claim(f"rollback-{uuid.uuid4().hex[:12]}@{THIS_PROCESS}")
     try:
         model = runtime.current_model()
         # The pointer, not this replica's own copy: a replica that has not caught up
         # would otherwise roll back from the wrong version.
-        current = runtime.store.current() or runtime.current().index_version
-        target = previous_version(runtime.store, model.bundle.checksum, current)
-        if target is None:
-            raise LookupError("no earlier index version built with this model")
-        fresh = runtime.serve_version(target)
+        current = target.store.current() or target.current().index_version
+        earlier = previous_version(target.store, model.bundle.checksum, current)
+        if earlier is None:
+            raise LookupError(f"set {target.name!r}: no earlier index version built with this model")
+        fresh = runtime.serve_version(target, earlier)
         if not holding.still_held():
             raise RuntimeError("lost the reindex lock before the swap; nothing changed")
         # The store goes back with the index: the next upload builds on what is served.
-        reindexer.candidates.replace(runtime.store.records(target))
-        runtime.point_to(fresh, "rollback")
-        return current, target, reindexer.after_swap(target)
+        reindexer.candidates.replace(target.store.records(earlier))
+        target.point_to(fresh, "rollback")
+        return current, earlier, reindexer.after_swap(earlier)
     finally:
         holding.release()

@@ -1,11 +1,9 @@
 """Everything a request needs, loaded once at startup.
 
-The model (the bundle and what it carries) loads first; `Runtime.serving`
-pairs it with an index version. A deployment that brings its own candidates
-starts with the model alone, not ready, and its first upload builds the
-first version. `Runtime.serving` is the one reference to the current
-(model, index) pair; replacing it is a single assignment, so a request that
-read it keeps its snapshot to the end while later requests see the new one.
+The model (the bundle and what it carries) loads first; each candidate set
+(`sets.py`) pairs it with one of its index versions. A deployment that brings
+its own candidates starts with the model alone, not ready, and its first
+upload builds the first version.
 """
 
 from __future__ import annotations
@@ -27,6 +25,7 @@ from app.engine.encoding import EncoderQueue, encoder_queue
 from app.engine.kernels import choose_lone_session
 from app.engine.kv import Guarded, open_store
 from app.engine.sessions import SessionStore
+from app.engine.sets import DEFAULT_SET, CandidateSet, NoSuchSet, NotReady, indexes_root, names_on_volume
 from app.engine.stats import Stages
 from core.bundle import BundleError, BundleManifest, open_bundle
 from core.confidence import ConfidenceModel, ShareThreshold
@@ -43,10 +42,6 @@ log = logging.getLogger(__name__)
 QUERY_SIMILARITY_OFF = 1.01
 
 
-class NotReady(Exception):
-    pass
-
-
 @dataclass
 class Runtime:
     settings: Settings
@@ -55,71 +50,70 @@ class Runtime:
     sessions: SessionStore
     pool: ComputePool
     encoder_queue: EncoderQueue
-    store: IndexStore
     stages: Stages  # seconds per stage of each request, for /metrics
     model: Model | None = None
-    serving: Serving | None = None
-    problem: str | None = None  # why serving is None, for /readyz
-    # Held while the pointer file and `serving` are compared or changed together: a replica
-    # following the pointer never swaps to a version that another swap here has replaced.
-    swap_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    problem: str | None = None  # why the model is None, for /readyz
+    # name -> set. Replaced as a whole when a set comes or goes (`add_set`, `drop_set`), so a
+    # reader iterating it never sees it change under it.
+    sets: dict[str, CandidateSet] = field(default_factory=dict)
+    # Held while a set is added or dropped: the admin threads and the follower both add sets.
+    sets_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def current(self) -> Serving:
-        serving = self.serving
-        if serving is None:
+    @property
+    def default(self) -> CandidateSet:
+        return self.sets[DEFAULT_SET]
+
+    def candidate_set(self, name: str) -> CandidateSet:
+        found = self.sets.get(name)
+        if found is None:
+            raise NoSuchSet(name)
+        return found
+
+    def current(self, name: str = DEFAULT_SET) -> Serving:
+        """The serving snapshot of set `name`: a request's, start to end."""
+        if self.model is None:
             raise NotReady(self.problem or "still loading")
-        return serving
+        return self.candidate_set(name).current()
 
     def current_model(self) -> Model:
         if self.model is None:
             raise NotReady(self.problem or "still loading")
         return self.model
 
-    def serve_version(self, version: str) -> Serving:
-        """The loaded model with another index version of the store. The version's manifest is
+    def serve_version(self, candidates: CandidateSet, version: str) -> Serving:
+        """The loaded model with another index version of a set. The version's manifest is
         checked against the model before any of its FAISS files is read."""
         model = self.current_model()
-        built_with = self.store.manifest(version).bundle_checksum
+        built_with = candidates.store.manifest(version).bundle_checksum
         if built_with != model.bundle.checksum:
             raise ValueError(f"index {version} was built with another model ({built_with[:12]})")
-        return serve(model, self.store.load(version), self.settings)
+        return serve(model, candidates.store.load(version), self.settings)
 
-    def point_to(self, serving: Serving, why: str) -> None:
-        """Makes `serving`'s version the one every replica serves (the pointer file), and serves it here."""
-        with self.swap_lock:
-            self.store.set_current(serving.index_version)
-            self.swap(serving, why)
+    def add_set(self, name: str) -> CandidateSet:
+        """The set `name`, made known to this replica if it was not (nothing served until a version is)."""
+        with self.sets_lock:
+            if name not in self.sets:
+                added = CandidateSet(name, IndexStore(indexes_root(self.settings.artifacts_dir, name)))
+                added.problem = f"set {name!r} has no index version yet: upload candidates to it"
+                self.sets = {**self.sets, name: added}
+            return self.sets[name]
 
-    def behind(self) -> str | None:
-        """The pointer's version if this replica serves another, else None."""
-        with self.swap_lock:
-            pointer = self.store.current()
-            serving = self.serving
-            return pointer if pointer is not None and (serving is None or serving.index_version != pointer) else None
+    def drop_set(self, name: str) -> None:
+        with self.sets_lock:
+            self.sets = {k: v for k, v in self.sets.items() if k != name}
 
-    def swap_if_pointed(self, serving: Serving, why: str) -> bool:
-        """Swaps only if the pointer still names `serving`'s version: it may have moved on while it loaded."""
-        with self.swap_lock:
-            if self.store.current() != serving.index_version:
-                return False
-            self.swap(serving, why)
-            return True
-
-    def swap(self, serving: Serving, why: str) -> Serving | None:
-        """Serve `serving` from the next request on; returns what served before.
-
-        The one place the serving snapshot changes. A single assignment: a
-        request that read the old snapshot keeps it to its end."""
-        before, self.serving = self.serving, serving
-        self.problem = None
-        log.info(
-            "now serving bundle %s with index %s (%s; was %s)",
-            serving.bundle.name,
-            serving.index_version,
-            why,
-            before.index_version if before else "nothing",
-        )
-        return before
+    def load_set(self, name: str) -> CandidateSet:
+        """Adds the set and serves its newest version built with the model, if it has one."""
+        candidates = self.add_set(name)
+        model = self.current_model()
+        version = candidates.store.latest_for(model.bundle.checksum)
+        if version is None:
+            if name == DEFAULT_SET:
+                candidates.problem = str(no_index(model.bundle))
+            return candidates
+        started = time.perf_counter()
+        candidates.swap(self.serve_version(candidates, version), f"loaded in {time.perf_counter() - started:.1f}s")
+        return candidates
 
     async def close(self) -> None:
         await self.encoder_queue.close()
@@ -227,6 +221,7 @@ def limit_cpu_threads(settings: Settings) -> None:
 
 
 def build_runtime(settings: Settings) -> Runtime:
+    """The model and every set on the volume, each serving its newest version built with the model."""
     limit_cpu_threads(settings)
     kv = open_store(
         settings.redis_url, settings.redis_timeout_ms, settings.redis_retry_after_s, settings.session_local_entries
@@ -236,7 +231,6 @@ def build_runtime(settings: Settings) -> Runtime:
     cache_kv = open_store(
         settings.cache_redis_url or settings.redis_url, settings.redis_timeout_ms, settings.redis_retry_after_s, 1
     )
-    store = IndexStore(settings.indexes_root)
     stages = Stages()
     runtime = Runtime(
         settings=settings,
@@ -249,18 +243,20 @@ def build_runtime(settings: Settings) -> Runtime:
         encoder_queue=encoder_queue(
             settings.batch_max_tokens, settings.batch_max_wait_ms, settings.max_pending, stages
         ),
-        store=store,
         stages=stages,
     )
+    runtime.add_set(DEFAULT_SET)
     try:
-        started = time.perf_counter()
         runtime.model = load_model(settings)
         runtime.cache.lowercase = runtime.model.encoder.lowercases
-        version = store.latest_for(runtime.model.bundle.checksum)
-        if version is None:
-            raise no_index(runtime.model.bundle)
-        runtime.swap(runtime.serve_version(version), f"startup, loaded in {time.perf_counter() - started:.1f}s")
     except (NotReady, FileNotFoundError, ValueError) as error:
         runtime.problem = str(error)
         log.error("not ready: %s", error)
+        return runtime
+    for name in names_on_volume(settings.artifacts_dir):
+        try:
+            runtime.load_set(name)
+        except (FileNotFoundError, ValueError) as error:
+            runtime.add_set(name).problem = str(error)
+            log.error("set %s: not ready: %s", name, error)
     return runtime

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shutil
 
-from app.engine.runtime import Runtime
+from app.engine.sets import CandidateSet
 from core.store import IndexStore
 
 KEEP_VERSIONS = 3  # the serving one, the rollback target, and one more
@@ -23,11 +23,11 @@ def previous_version(store: IndexStore, bundle_checksum: str, version: str) -> s
     return older[-1] if older else None
 
 
-def prune(runtime: Runtime, keep: int = KEEP_VERSIONS) -> None:
-    """Deletes all but this model's newest `keep` versions, never the one the pointer names or
-    this replica serves. Other models' versions are left alone: they are another bundle's index."""
-    serving = runtime.current()
-    spared = {serving.index_version, runtime.store.current()}
-    for version in same_model_versions(runtime.store, serving.bundle.checksum)[:-keep]:
+def prune(candidates: CandidateSet, keep: int = KEEP_VERSIONS) -> None:
+    """Deletes all but this model's newest `keep` versions of a set, never the one the pointer names
+    or this replica serves. Other models' versions are left alone: they are another bundle's index."""
+    serving = candidates.current()
+    spared = {serving.index_version, candidates.store.current()}
+    for version in same_model_versions(candidates.store, serving.bundle.checksum)[:-keep]:
         if version not in spared:
-            shutil.rmtree(runtime.store.path(version), ignore_errors=True)
+            shutil.rmtree(candidates.store.path(version), ignore_errors=True)

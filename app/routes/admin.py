@@ -1,5 +1,6 @@
 """Admin: candidate uploads that reindex with zero downtime, job status,
-index info and rollback. Every route needs the bearer token."""
+index info and rollback, for the default set (`/admin/candidates`, ...) and
+for named sets (`/admin/sets/{name}/...`). Every route needs the bearer token."""
 
 from __future__ import annotations
 
@@ -8,15 +9,18 @@ from dataclasses import asdict
 from typing import Annotated, Any, Literal
 
 import anyio.to_thread
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app import logs
-from app.admin import Admin
+from app.admin import Admin, SetAdmin
 from app.config import Settings
 from app.deps import RuntimeDep, SettingsDep
+from app.engine import describe
 from app.engine.reindex import Busy
 from app.engine.rollback import rollback as roll_back
+from app.engine.runtime import Runtime
+from app.engine.sets import DEFAULT_SET, SET_NAME, NoSuchSet, check_set_name
 from app.engine.versions import previous_version
 from app.errors import COMMON, ApiError, ErrorKind, responses
 from app.uploads import Mode, OnInvalid, parse_upload, upload_body
@@ -46,6 +50,16 @@ async def require_admin(  # async: a plain def would cost a thread hand-off (app
 AdminDep = Annotated[Admin, Depends(require_admin)]
 
 
+async def set_name(
+    name: Annotated[str, Path(min_length=1, max_length=32, pattern=f"^{SET_NAME.pattern}$")],
+) -> str:
+    """A set named in the path, checked (422) before it is used anywhere; the pattern is published."""
+    return check_set_name(name)
+
+
+SetNamePath = Annotated[str, Depends(set_name)]
+
+
 @router.post("/candidates", status_code=202, openapi_extra={"requestBody": upload_body("upsert")})
 async def upload(
     request: Request,
@@ -54,82 +68,188 @@ async def upload(
     mode: Literal["append", "replace"] = "append",
     on_invalid: OnInvalid = "reject",
 ) -> dict[str, Any]:
-    """Records {reply, query?, id?, metadata?} as a JSON array, NDJSON or CSV. Starts a reindex;
-    poll the returned job. `on_invalid=skip` indexes the valid records and reports the rest."""
-    return await _submit(request, admin, settings, mode, on_invalid)
+    """Records {reply, query?, id?, metadata?, tags?, language?} as a JSON array, NDJSON or CSV, into
+    the default set. Starts a reindex; poll the returned job. `on_invalid=skip` indexes the valid
+    records and reports the rest."""
+    return await _submit(request, admin, settings, DEFAULT_SET, mode, on_invalid)
 
 
 @router.post("/candidates/delete", status_code=202, openapi_extra={"requestBody": upload_body("delete")})
 async def delete(
     request: Request, admin: AdminDep, settings: SettingsDep, on_invalid: OnInvalid = "reject"
 ) -> dict[str, Any]:
-    """Deletes candidates named by {id}, or by a whole record. Starts a reindex; poll the returned job."""
-    return await _submit(request, admin, settings, "delete", on_invalid)
+    """Deletes candidates of the default set named by {id}, or by a whole record. Starts a reindex."""
+    return await _submit(request, admin, settings, DEFAULT_SET, "delete", on_invalid)
+
+
+@router.post("/sets/{name}/candidates", status_code=202, openapi_extra={"requestBody": upload_body("upsert")})
+async def upload_to_set(
+    request: Request,
+    admin: AdminDep,
+    settings: SettingsDep,
+    name: SetNamePath,
+    mode: Literal["append", "replace"] = "append",
+    on_invalid: OnInvalid = "reject",
+) -> dict[str, Any]:
+    """As `POST /admin/candidates`, into set `name`; the first upload creates the set."""
+    return await _submit(request, admin, settings, name, mode, on_invalid)
+
+
+@router.put("/sets/{name}/candidates", status_code=202, openapi_extra={"requestBody": upload_body("upsert")})
+async def replace_set(
+    request: Request, admin: AdminDep, settings: SettingsDep, name: SetNamePath, on_invalid: OnInvalid = "reject"
+) -> dict[str, Any]:
+    """Set `name`'s candidates become exactly these (mode=replace); the first upload creates the set."""
+    return await _submit(request, admin, settings, name, "replace", on_invalid)
+
+
+@router.post("/sets/{name}/candidates/delete", status_code=202, openapi_extra={"requestBody": upload_body("delete")})
+async def delete_from_set(
+    request: Request, admin: AdminDep, settings: SettingsDep, name: SetNamePath, on_invalid: OnInvalid = "reject"
+) -> dict[str, Any]:
+    """As `POST /admin/candidates/delete`, in set `name`."""
+    return await _submit(request, admin, settings, name, "delete", on_invalid)
 
 
 async def _submit(
-    request: Request, admin: Admin, settings: Settings, mode: Mode, on_invalid: OnInvalid
+    request: Request, admin: Admin, settings: Settings, name: str, mode: Mode, on_invalid: OnInvalid
 ) -> dict[str, Any]:
-    holder = await anyio.to_thread.run_sync(admin.reindexer.lock.holder)
-    if holder is not None:  # before the body is read and parsed: a refused upload costs nothing
-        raise Busy(f"reindex job {holder} is running")
+    # A new set is only made once the upload is known good (below): a refused one leaves nothing behind.
+    target = await anyio.to_thread.run_sync(admin.of, name) if name in admin.runtime.sets else None
+    if target is not None:
+        holder = await anyio.to_thread.run_sync(target.reindexer.lock.holder)
+        if holder is not None:  # before the body is read and parsed: a refused upload costs nothing
+            raise Busy(f"reindex job {holder} is running")
+    elif mode == "delete":
+        raise NoSuchSet(name)
     body = await request.body()
     content_type = request.headers.get("content-type", "")
     parsed = await anyio.to_thread.run_sync(
         parse_upload, body, content_type, mode, settings.admin_max_records, on_invalid
     )
-    job = await anyio.to_thread.run_sync(admin.reindexer.submit, mode, parsed.records, parsed.report())
-    logs.note(request.scope, job_id=job.id, records=len(parsed.records), skipped=parsed.skipped_count)
+    if mode != "delete":
+        # At most what is stored plus what is uploaded; a replace holds what is uploaded.
+        stored = await anyio.to_thread.run_sync(target.candidates.count) if target and mode == "append" else 0
+        await anyio.to_thread.run_sync(admin.check_total, name, stored + len(parsed.records))
+    if target is None:
+        target = await anyio.to_thread.run_sync(lambda: admin.of(name, create=True))
+    job = await anyio.to_thread.run_sync(target.reindexer.submit, mode, parsed.records, parsed.report())
+    logs.note(request.scope, job_id=job.id, records=len(parsed.records), skipped=parsed.skipped_count, set=name)
     return {
         "job_id": job.id,
+        "set": name,
         "state": job.state,
         "mode": mode,
         "records": len(parsed.records),
         "skipped": parsed.skipped_count,
-        "status": f"/admin/jobs/{job.id}",
+        "status": f"/admin/jobs/{job.id}" if name == DEFAULT_SET else f"/admin/sets/{name}/jobs/{job.id}",
     }
 
 
 @router.get("/jobs")
 async def jobs(admin: AdminDep, limit: Annotated[int, Query(ge=1, le=100)] = 20) -> dict[str, list[dict[str, Any]]]:
-    """The newest jobs first, each as `/admin/jobs/{job_id}` returns it."""
-    await anyio.to_thread.run_sync(admin.sweep)
-    found = await anyio.to_thread.run_sync(admin.jobs.recent, limit)
-    return {"jobs": [asdict(j) for j in found]}
+    """The default set's newest jobs first, each as `/admin/jobs/{job_id}` returns it."""
+    return await _jobs(admin.default, limit)
 
 
 @router.get("/jobs/{job_id}")
 async def job(job_id: str, admin: AdminDep) -> dict[str, Any]:
+    """A job of any set."""
     await anyio.to_thread.run_sync(admin.sweep)
-    found = await anyio.to_thread.run_sync(admin.jobs.get, job_id)
+    found = await anyio.to_thread.run_sync(admin.find_job, job_id)
     if found is None:
         raise ApiError(ErrorKind.not_found, f"no job {job_id!r}", "job_id")
     return asdict(found)
 
 
+@router.get("/sets/{name}/jobs")
+async def set_jobs(
+    admin: AdminDep, name: SetNamePath, limit: Annotated[int, Query(ge=1, le=100)] = 20
+) -> dict[str, list[dict[str, Any]]]:
+    """Set `name`'s newest jobs first."""
+    return await _jobs(await anyio.to_thread.run_sync(admin.of, name), limit)
+
+
+@router.get("/sets/{name}/jobs/{job_id}")
+async def set_job(admin: AdminDep, name: SetNamePath, job_id: str) -> dict[str, Any]:
+    target = await anyio.to_thread.run_sync(admin.of, name)
+    await anyio.to_thread.run_sync(target.sweep)
+    found = await anyio.to_thread.run_sync(target.jobs.get, job_id)
+    if found is None:
+        raise ApiError(ErrorKind.not_found, f"no job {job_id!r} in set {name!r}", "job_id")
+    return asdict(found)
+
+
+async def _jobs(target: SetAdmin, limit: int) -> dict[str, list[dict[str, Any]]]:
+    await anyio.to_thread.run_sync(target.sweep)
+    found = await anyio.to_thread.run_sync(target.jobs.recent, limit)
+    return {"jobs": [asdict(j) for j in found]}
+
+
 @router.get("/index")
 async def index(admin: AdminDep, runtime: RuntimeDep) -> dict[str, Any]:
-    serving = runtime.current()
+    """The default set's versions and counts."""
+    return await _index(admin.default, runtime)
+
+
+@router.get("/sets/{name}/index")
+async def set_index(admin: AdminDep, runtime: RuntimeDep, name: SetNamePath) -> dict[str, Any]:
+    return await _index(await anyio.to_thread.run_sync(admin.of, name), runtime)
+
+
+async def _index(target: SetAdmin, runtime: Runtime) -> dict[str, Any]:
+    serving = runtime.current(target.candidate_set.name)
     manifest = serving.index.manifest
-    versions = runtime.store.versions()
+    store = target.candidate_set.store
     return {
+        "set": target.candidate_set.name,
         "current": manifest.version,
-        "previous": previous_version(runtime.store, serving.bundle.checksum, manifest.version),
-        "versions": versions,
+        "previous": previous_version(store, serving.bundle.checksum, manifest.version),
+        "versions": store.versions(),
         "replies": manifest.replies,
         "queries": manifest.queries,
         "source": manifest.source,
         "model_checksum": manifest.bundle_checksum,
-        "stored_candidates": await anyio.to_thread.run_sync(admin.candidates.count),
+        "stored_candidates": await anyio.to_thread.run_sync(target.candidates.count),
     }
 
 
 @router.post("/rollback")
 async def rollback(admin: AdminDep) -> dict[str, Any]:
-    """Serve the version before the current one (this model's), on every replica.
+    """Serve the default set's version before the current one (this model's), on every replica.
     `after_swap` says whether the other replicas were told at once (they follow the pointer anyway)."""
+    return await _rollback(admin.default)
+
+
+@router.post("/sets/{name}/rollback")
+async def set_rollback(admin: AdminDep, name: SetNamePath) -> dict[str, Any]:
+    """As `POST /admin/rollback`, for set `name`."""
+    return await _rollback(await anyio.to_thread.run_sync(admin.of, name))
+
+
+async def _rollback(target: SetAdmin) -> dict[str, Any]:
     try:
-        before, after, steps = await anyio.to_thread.run_sync(roll_back, admin.reindexer)
+        before, after, steps = await anyio.to_thread.run_sync(roll_back, target.reindexer)
     except LookupError as error:
         raise ApiError(ErrorKind.conflict, str(error)) from error
-    return {"from": before, "to": after, "after_swap": steps}
+    return {"set": target.candidate_set.name, "from": before, "to": after, "after_swap": steps}
+
+
+@router.get("/sets")
+async def sets(admin: AdminDep, runtime: RuntimeDep) -> dict[str, Any]:
+    """Every set: its version, counts and index size, and the service's limits on sets."""
+    return {
+        "sets": [describe.set_info(s) for s in runtime.sets.values()],
+        "limits": {"max_sets": admin.settings.max_sets, "max_total_candidates": admin.settings.max_total_candidates},
+    }
+
+
+@router.delete("/sets/{name}")
+async def delete_set(admin: AdminDep, name: SetNamePath) -> dict[str, Any]:
+    """Removes set `name` on every replica: its candidates, index versions and jobs' lock.
+    409 while one of its jobs runs; the default set cannot be deleted."""
+    try:
+        await anyio.to_thread.run_sync(admin.delete, name)
+    except ValueError as error:
+        raise ApiError(ErrorKind.conflict, str(error), "name") from error
+    return {"deleted": name}

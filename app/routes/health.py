@@ -9,8 +9,9 @@ from fastapi.responses import JSONResponse
 from app.deps import RuntimeDep
 from app.engine import describe
 from app.engine.runtime import Runtime
+from app.engine.sets import DEFAULT_SET
 from app.errors import ErrorKind, responses
-from app.schemas import Health, Info, Readiness
+from app.schemas import Health, Info, Readiness, SetQuery
 
 router = APIRouter(tags=["health"])
 
@@ -24,10 +25,11 @@ async def livez() -> Health:
 
 @router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
 async def readyz(request: Request) -> JSONResponse:
-    """Ready when a bundle and an index are loaded and the server is not draining for a shutdown.
-    Redis is reported, not required."""
+    """Ready when the bundle and an index version of some set are loaded and the server is not
+    draining for a shutdown. Each set's version is listed; Redis is reported, not required."""
     runtime: Runtime | None = request.app.state.runtime
-    serving = runtime.serving if runtime is not None else None
+    sets = runtime.sets if runtime is not None and runtime.model is not None else {}
+    serving = next((s.serving for s in sets.values() if s.serving is not None), None)
     if runtime is not None and runtime.kv.status != "disabled":
         await runtime.kv.ping()
     draining = bool(request.app.state.draining)
@@ -37,23 +39,29 @@ async def readyz(request: Request) -> JSONResponse:
         problem = f"load failed: {load_error}" if load_error else "loading"
     elif draining:
         problem = "draining: shutting down"
+    elif serving is None:
+        problem = runtime.problem or (runtime.default.problem if runtime.sets else None) or "no set has an index"
     else:
-        problem = runtime.problem if serving is None else None
+        problem = None
+    default = sets.get(DEFAULT_SET)
     body = Readiness(
         ready=serving is not None and not draining,
         bundle=serving.bundle.name if serving else None,
-        index_version=serving.index_version if serving else None,
+        index_version=default.serving.index_version if default and default.serving else None,
+        sets={name: s.serving.index_version if s.serving else None for name, s in sets.items()},
         redis=runtime.kv.status if runtime is not None else "disabled",
         problem=problem,
     )
     return JSONResponse(body.model_dump(), status_code=200 if body.ready else 503)
 
 
-@router.get("/info", response_model=Info, responses=responses(ErrorKind.not_ready))
-async def info(runtime: RuntimeDep) -> Info:
-    serving = runtime.current()
+@router.get("/info", response_model=Info, responses=responses(ErrorKind.not_ready, ErrorKind.not_found))
+async def info(runtime: RuntimeDep, set: SetQuery = DEFAULT_SET) -> Info:
+    """The model, and the index version of set `set` (the default set unless named)."""
+    candidates = runtime.candidate_set(set)
+    serving = runtime.current(set)
     return Info(
         model=describe.model_info(serving),
-        index=describe.index_info(serving, runtime.store.versions()),
+        index={"set": set, **describe.index_info(serving, candidates.store.versions())},
         redis=runtime.kv.status,
     )

@@ -10,8 +10,8 @@ from app.schemas import Candidate, ReplyRequest, ReplyResponse
 from core.retriever import STRATEGY_ORDER, Scored
 
 # no_candidate: every candidate was excluded (the bot's recent replies in a session, echoes of the
-# user), or the request's filter admits none.
-router = APIRouter(tags=["reply"], responses=responses(*COMMON, ErrorKind.no_candidate))
+# user), or the request's filter admits none. not_found: no such set.
+router = APIRouter(tags=["reply"], responses=responses(*COMMON, ErrorKind.no_candidate, ErrorKind.not_found))
 
 
 def _candidate(hit: Scored) -> Candidate:
@@ -28,6 +28,7 @@ async def reply(body: ReplyRequest, runtime: RuntimeDep, request: Request) -> Re
         thresholds=body.thresholds.given() if body.thresholds else None,
         rerank_depth=runtime.settings.rerank_depth,
         rule=body.rule(),
+        set_name=body.set,
     )
     if body.context is not None:
         if body.session_id is not None or body.message is not None:
@@ -50,6 +51,7 @@ async def reply(body: ReplyRequest, runtime: RuntimeDep, request: Request) -> Re
         request.scope,
         source=best.source,
         index_version=outcome.index_version,
+        set=body.set,
         reranked=outcome.answer.reranked,
         confidence=outcome.answer.confidence,
         session=logs.session_digest(body.session_id) if body.session_id else None,
@@ -64,5 +66,6 @@ async def reply(body: ReplyRequest, runtime: RuntimeDep, request: Request) -> Re
         confidence=None if outcome.answer.confidence is None else round(outcome.answer.confidence, 4),
         candidates=[_candidate(h) for h in outcome.answer.candidates],
         index_version=outcome.index_version,
+        set=body.set,
         session_id=body.session_id,
     )

@@ -8,7 +8,7 @@ from app.engine import pipeline
 from app.errors import COMMON, ApiError, ErrorKind, responses
 from app.schemas import SimilarQuery, SimilarRequest, SimilarResponse
 
-router = APIRouter(tags=["similarity"], responses=responses(*COMMON))
+router = APIRouter(tags=["similarity"], responses=responses(*COMMON, ErrorKind.not_found))
 
 
 @router.post("/similar", response_model=SimilarResponse, response_model_exclude_none=True)
@@ -19,12 +19,13 @@ async def similar(body: SimilarRequest, runtime: RuntimeDep, request: Request) -
     if body.pairs is not None:
         if body.k is not None:
             raise ApiError(ErrorKind.validation, "k applies to text, not pairs", "k")
-        scores, version = await pipeline.pair_scores(runtime, body.pairs)
-        logs.note(request.scope, index_version=version, pairs=len(body.pairs))
-        return SimilarResponse(scores=scores, index_version=version)
+        scores, version = await pipeline.pair_scores(runtime, body.pairs, body.set)
+        logs.note(request.scope, index_version=version, set=body.set, pairs=len(body.pairs))
+        return SimilarResponse(scores=scores, index_version=version, set=body.set)
     assert body.text is not None
-    matches, version = await pipeline.similar_queries(runtime, body.text, body.k or runtime.settings.default_k)
-    logs.note(request.scope, index_version=version)
+    k = body.k or runtime.settings.default_k
+    matches, version = await pipeline.similar_queries(runtime, body.text, k, body.set)
+    logs.note(request.scope, index_version=version, set=body.set)
     return SimilarResponse(
-        matches=[SimilarQuery(query=q, reply=r, score=s) for q, r, s in matches], index_version=version
+        matches=[SimilarQuery(query=q, reply=r, score=s) for q, r, s in matches], index_version=version, set=body.set
     )

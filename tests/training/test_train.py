@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from app.engine.runtime import NotReady, build_runtime
+from app.engine.runtime import build_runtime
+from app.engine.sets import NotReady
 from core.bundle import TOKENIZER_FILE, BundleError, open_bundle, read_manifest
 from core.encoder import Encoder
 from core.store import IndexStore

@@ -1,0 +1,176 @@
+"""Named candidate sets: several bots in one service, each with its own versions, jobs and
+rollback, followed by every replica, and never answering for one another."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from tests.helpers import AUTH, REDIS_URL, TOKEN, AppFactory, wait_for
+
+pytestmark = pytest.mark.anyio
+
+ENGLISH = [
+    {"query": "hi! how are you?", "reply": "great, thanks for asking!", "id": "en-1"},
+    {"query": "what do you do for fun?", "reply": "i play chess in the park", "id": "en-2"},
+    {"query": "good night", "reply": "sleep tight!", "id": "en-3"},
+]
+KOREAN = [
+    {"query": "안녕! 잘 지내?", "reply": "응 잘 지내, 고마워!", "id": "ko-1", "language": "ko"},
+    {"query": "주말에 뭐 해?", "reply": "공원에서 체스 둬", "id": "ko-2", "language": "ko"},
+    {"query": "잘 자", "reply": "좋은 꿈 꿔!", "id": "ko-3", "language": "ko"},
+]
+
+
+@pytest.fixture
+def own_artifacts(artifacts: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(artifacts, tmp_path / "artifacts"))
+
+
+async def upload_to(
+    client: httpx.AsyncClient, name: str, records: list[dict[str, Any]], mode: str = "append"
+) -> dict[str, Any]:
+    response = await client.post(f"/admin/sets/{name}/candidates?mode={mode}", json=records, headers=AUTH)
+    assert response.status_code == 202, response.text
+    accepted = response.json()
+    assert accepted["set"] == name and accepted["status"] == f"/admin/sets/{name}/jobs/{accepted['job_id']}"
+    job = await wait_for(client, accepted["job_id"])
+    assert job["state"] == "succeeded", job
+    return job
+
+
+@pytest.fixture
+async def two_bots(make_client: AppFactory, own_artifacts: Path) -> AsyncIterator[httpx.AsyncClient]:
+    async with make_client(artifacts_dir=own_artifacts, admin_token=TOKEN) as client:
+        await upload_to(client, "english", ENGLISH)
+        await upload_to(client, "korean", KOREAN)
+        yield client
+
+
+async def ids_answering(client: httpx.AsyncClient, name: str, text: str) -> set[str]:
+    response = await client.post("/reply", json={"context": [text], "set": name, "k": 10})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["set"] == name
+    return {body["id"], *(c["id"] for c in body["candidates"])}
+
+
+async def test_each_set_answers_only_from_its_own_candidates(two_bots: httpx.AsyncClient) -> None:
+    for text in ("hi! how are you?", "안녕! 잘 지내?", "tell me about chess", "체스 좋아해?"):
+        assert await ids_answering(two_bots, "english", text) <= {"en-1", "en-2", "en-3"}
+        assert await ids_answering(two_bots, "korean", text) <= {"ko-1", "ko-2", "ko-3"}
+    # The default set is untouched: the tiny test index, none of the bots' replies.
+    default = await ids_answering(two_bots, "default", "hi! how are you?")
+    assert default.isdisjoint({"en-1", "en-2", "en-3", "ko-1", "ko-2", "ko-3"})
+    similar = (await two_bots.post("/similar", json={"text": "잘 자", "set": "korean", "k": 1})).json()
+    assert similar["set"] == "korean" and similar["matches"][0]["reply"] == "좋은 꿈 꿔!"
+
+
+async def test_a_reindex_under_load_never_crosses_sets(two_bots: httpx.AsyncClient) -> None:
+    """Both sets asked without pause while each is reindexed: every answer comes from its own set, none fails."""
+    stop = asyncio.Event()
+    answered: dict[str, list[set[str]]] = {"english": [], "korean": []}
+
+    async def ask(name: str, text: str) -> None:
+        while not stop.is_set():
+            answered[name].append(await ids_answering(two_bots, name, text))
+
+    askers = [asyncio.create_task(ask("english", "hi! how are you?")), asyncio.create_task(ask("korean", "잘 자"))]
+    await upload_to(two_bots, "english", [{"query": "nice weather", "reply": "sunny all week", "id": "en-4"}])
+    await upload_to(two_bots, "korean", [{"query": "배고파", "reply": "라면 먹자", "id": "ko-4", "language": "ko"}])
+    stop.set()
+    await asyncio.gather(*askers)
+    assert all(ids <= {"en-1", "en-2", "en-3", "en-4"} for ids in answered["english"])
+    assert all(ids <= {"ko-1", "ko-2", "ko-3", "ko-4"} for ids in answered["korean"])
+    assert answered["english"] and answered["korean"]
+
+
+async def test_sets_are_listed_rolled_back_and_deleted(two_bots: httpx.AsyncClient) -> None:
+    listed = (await two_bots.get("/admin/sets", headers=AUTH)).json()
+    by_name = {s["name"]: s for s in listed["sets"]}
+    assert set(by_name) == {"default", "english", "korean"}
+    assert by_name["korean"]["replies"] == 3 and by_name["korean"]["index_bytes"] > 0
+    assert listed["limits"]["max_sets"] >= 3
+
+    first = by_name["english"]["version"]
+    job = await upload_to(two_bots, "english", [{"reply": "a later reply", "id": "en-9"}])
+    korean_before = (await two_bots.get("/admin/sets/korean/index", headers=AUTH)).json()["current"]
+    rolled = (await two_bots.post("/admin/sets/english/rollback", headers=AUTH)).json()
+    assert (rolled["set"], rolled["from"], rolled["to"]) == ("english", job["version"], first)
+    assert (await two_bots.get("/admin/sets/korean/index", headers=AUTH)).json()["current"] == korean_before
+    jobs = (await two_bots.get("/admin/sets/english/jobs", headers=AUTH)).json()["jobs"]
+    assert job["id"] in {j["id"] for j in jobs}
+    assert job["id"] not in {j["id"] for j in (await two_bots.get("/admin/jobs", headers=AUTH)).json()["jobs"]}
+
+    assert (await two_bots.delete("/admin/sets/english", headers=AUTH)).json() == {"deleted": "english"}
+    gone = await two_bots.post("/reply", json={"context": ["hi"], "set": "english"})
+    assert gone.status_code == 404 and gone.json()["error"]["field"] == "set"
+    assert (await two_bots.delete("/admin/sets/english", headers=AUTH)).status_code == 404
+    refused = await two_bots.delete("/admin/sets/default", headers=AUTH)
+    assert refused.status_code == 409
+    assert await ids_answering(two_bots, "korean", "잘 자") <= {"ko-1", "ko-2", "ko-3"}
+
+
+@pytest.mark.parametrize("name", ["../etc", "Upper", "a" * 33, "-dash", "sp ace", ".hidden", ""])
+async def test_a_set_name_is_checked_before_it_becomes_a_path(two_bots: httpx.AsyncClient, name: str) -> None:
+    response = await two_bots.post("/reply", json={"context": ["hi"], "set": name})
+    assert response.status_code == 422 and response.json()["error"]["field"] == "set", response.text
+    upload = await two_bots.post(f"/admin/sets/{name}/candidates", json=[{"reply": "x"}], headers=AUTH)
+    assert upload.status_code in (404, 405, 422), upload.text  # "" and "../etc" do not even route
+    assert not any(p.name.startswith(".") for p in (two_bots_root(two_bots) / "sets").iterdir())
+
+
+def two_bots_root(client: httpx.AsyncClient) -> Path:
+    app = client._transport.app  # type: ignore[attr-defined]
+    return Path(app.state.runtime.settings.artifacts_dir)
+
+
+async def test_an_unknown_set_is_a_404_naming_it(two_bots: httpx.AsyncClient) -> None:
+    for response in (
+        await two_bots.post("/reply", json={"context": ["hi"], "set": "nobody"}),
+        await two_bots.post("/similar", json={"text": "hi", "set": "nobody"}),
+        await two_bots.get("/admin/sets/nobody/index", headers=AUTH),
+        await two_bots.post("/admin/sets/nobody/candidates/delete", json=[{"id": "x"}], headers=AUTH),
+    ):
+        assert response.status_code == 404 and response.json()["error"]["field"] == "set", response.text
+
+
+async def test_limits_on_sets_and_candidates_are_clear_4xx(make_client: AppFactory, own_artifacts: Path) -> None:
+    async with make_client(artifacts_dir=own_artifacts, admin_token=TOKEN, max_sets=2) as client:
+        await upload_to(client, "english", ENGLISH)
+        third = await client.post("/admin/sets/korean/candidates", json=KOREAN, headers=AUTH)
+        assert third.status_code == 409 and third.json()["error"]["field"] == "set", third.text
+        assert not (own_artifacts / "sets" / "korean").exists()
+    async with make_client(artifacts_dir=own_artifacts, admin_token=TOKEN, max_total_candidates=25) as client:
+        too_many = [{"reply": f"reply number {i}", "id": f"n-{i}"} for i in range(10)]
+        refused = await client.post("/admin/sets/english/candidates", json=too_many, headers=AUTH)
+        assert refused.status_code == 413 and refused.json()["error"]["field"] == "records", refused.text
+
+
+async def test_a_replica_finds_a_new_set_and_drops_a_deleted_one(
+    make_client: AppFactory, own_artifacts: Path, clean_redis: redis.Redis
+) -> None:
+    settings = {"artifacts_dir": own_artifacts, "admin_token": TOKEN, "index_poll_s": 0.1, "redis_url": REDIS_URL}
+    async with make_client(**settings) as replica_a, make_client(**settings) as replica_b:
+        await upload_to(replica_a, "korean", KOREAN)
+        for _ in range(100):
+            if (await replica_b.post("/reply", json={"context": ["잘 자"], "set": "korean"})).status_code == 200:
+                break
+            await asyncio.sleep(0.05)
+        assert await ids_answering(replica_b, "korean", "잘 자") <= {"ko-1", "ko-2", "ko-3"}
+        # The set's candidates and jobs live under its own Redis keys, not the default set's.
+        assert clean_redis.hlen("set:korean:candidates") == 3 and not clean_redis.exists("candidates")
+        assert (await replica_b.delete("/admin/sets/korean", headers=AUTH)).status_code == 200
+        for _ in range(100):
+            if (await replica_a.post("/reply", json={"context": ["잘 자"], "set": "korean"})).status_code == 404:
+                break
+            await asyncio.sleep(0.05)
+        assert (await replica_a.post("/reply", json={"context": ["잘 자"], "set": "korean"})).status_code == 404
+        assert not clean_redis.exists("set:korean:candidates")
