@@ -43,6 +43,7 @@ def _reply(args: argparse.Namespace) -> int:
         rule["language"] = args.language
         options["filter"] = {name: value for name, value in rule.items() if value} or None
         options["exclude_ids"] = args.exclude_id
+        options["set_name"] = args.set
         if args.session is not None:
             result = client.reply(session_id=args.session, message=args.text[0], **options)
         else:
@@ -53,7 +54,7 @@ def _reply(args: argparse.Namespace) -> int:
 
 def _similar(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        _print(client.similar(args.text, k=args.k))
+        _print(client.similar(args.text, k=args.k, set_name=args.set))
     return 0
 
 
@@ -66,6 +67,7 @@ def _upload(args: argparse.Namespace) -> int:
             wait=not args.no_wait,
             progress=not args.no_progress,
             content_type=args.content_type,
+            set_name=args.set,
         )
     _print(result)
     for line in _upload_summary(result):
@@ -107,7 +109,7 @@ def _upload_summary(result: Job | UploadAccepted) -> list[str]:
 
 def _jobs(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        jobs = client.jobs(args.limit)
+        jobs = client.jobs(args.limit, set_name=args.set)
     print(json.dumps([job.model_dump(mode="json") for job in jobs], indent=2, ensure_ascii=False))
     return 0
 
@@ -120,13 +122,26 @@ def _job(args: argparse.Namespace) -> int:
 
 def _index(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        _print(client.index())
+        _print(client.index(set_name=args.set))
     return 0
 
 
 def _rollback(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        _print(client.rollback())
+        _print(client.rollback(set_name=args.set))
+    return 0
+
+
+def _sets(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        _print(client.sets())
+    return 0
+
+
+def _delete_set(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        client.delete_set(args.name)
+    print(json.dumps({"deleted": args.name}))
     return 0
 
 
@@ -246,8 +261,13 @@ def _parser() -> argparse.ArgumentParser:
     job.add_argument("job_id", metavar="JOB_ID")
     jobs = command("jobs", _jobs, "the most recent reindex jobs, newest first")
     jobs.add_argument("--limit", type=int, default=DEFAULT_JOBS, help=f"at most this many ({DEFAULT_JOBS})")
-    command("index", _index, "the serving index version and the versions kept")
-    command("rollback", _rollback, "serve the previous index version")
+    index = command("index", _index, "the serving index version and the versions kept")
+    rollback = command("rollback", _rollback, "serve the previous index version")
+    for sub in (reply, similar, upload, jobs, index, rollback):
+        sub.add_argument("--set", metavar="NAME", help="the candidate set (default: the default set)")
+    command("sets", _sets, "every candidate set: version, counts, index size")
+    delete_set = command("delete-set", _delete_set, "remove a candidate set and its index versions")
+    delete_set.add_argument("name", metavar="NAME")
     command("info", _info, "the served model and index")
     ready = command("ready", _ready, "readiness (exit 1 when not ready)")
     ready.add_argument("--wait", type=float, metavar="SECONDS", help="wait up to this long for the server to be ready")

@@ -278,6 +278,7 @@ def test_sync_upload_streams_a_file_waits_and_rolls_back(
         rolled = client.rollback()
         assert (rolled.from_version, rolled.to_version) == (job.version, first)
         assert rolled.model_dump(by_alias=True) == {
+            "set": "default",
             "from": job.version,
             "to": first,
             "after_swap": {"publish": "done", "prune": "done"},
@@ -319,6 +320,18 @@ def test_cli_reply_and_upload(live_url: str, tmp_path: Path, capsys: pytest.Capt
     assert "taco-1" not in {c["id"] for c in json.loads(capsys.readouterr().out)["candidates"]}
     assert cli.main(["reply", "do you like tacos?", "--url", live_url, "--tag", "no-such-tag"]) == 1
     assert "no_candidate" in capsys.readouterr().err
+
+    # A named set: created by its first upload, answered from, listed, deleted.
+    assert cli.main([*connect, "upload", str(path), "--set", "tacos", "--no-progress"]) == 0
+    assert json.loads(capsys.readouterr().out)["state"] == "succeeded"
+    assert cli.main([*connect, "reply", "do you like tacos?", "--set", "tacos"]) == 0
+    assert json.loads(capsys.readouterr().out)["set"] == "tacos"
+    assert cli.main([*connect, "sets"]) == 0
+    assert {s["name"] for s in json.loads(capsys.readouterr().out)["sets"]} >= {"default", "tacos"}
+    assert cli.main([*connect, "delete-set", "tacos"]) == 0
+    capsys.readouterr()
+    assert cli.main([*connect, "reply", "hi", "--set", "tacos"]) == 1
+    assert "not_found" in capsys.readouterr().err
 
     assert cli.main([*connect, "upload", str(path), "--no-wait"]) == 0
     accepted = json.loads(capsys.readouterr().out)

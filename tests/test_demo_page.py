@@ -239,5 +239,24 @@ def test_a_conversation_in_a_phone_sized_browser(
     expect(bot).to_have_count(1)
     assert "filter" not in sent[-1]
     console_errors.clear()  # the 404 above is logged as a failed request
+    page.unroute("**/reply")
+
+    # The set picker lists the sets /readyz names; a reply is asked of the one picked. This server has
+    # only the default set, so /readyz is answered here with one more, which the server then does not know.
+    def two_sets(route: Route) -> None:
+        body = {"ready": True, "bundle": "b", "index_version": "v1", "sets": {"default": "v1", "kids": "v2"}}
+        route.fulfill(status=200, content_type="application/json", body=json.dumps(body))
+
+    page.route("**/readyz", two_sets)
+    page.reload()
+    picker = page.get_by_label("Set")
+    expect(picker.locator("option")).to_have_count(2)
+    picker.select_option("kids")
+    page.route("**/reply", lambda route: (sent.append(route.request.post_data_json), route.continue_()))
+    box.fill("hello?")
+    box.press("Enter")
+    expect(page.locator("#error")).to_have_text(re.compile(r"no candidate set 'kids'"))
+    assert sent[-1]["set"] == "kids"
+    console_errors.clear()
 
     assert not script_errors, script_errors

@@ -23,6 +23,7 @@ from app.client.models import (
     Readiness,
     ReplyResult,
     RollbackResult,
+    SetList,
     SimilarResult,
     UploadAccepted,
 )
@@ -111,28 +112,51 @@ class AsyncChitchatClient:
         thresholds: Mapping[str, float] | None = None,
         filter: Mapping[str, Any] | None = None,
         exclude_ids: Sequence[str] | None = None,
+        set_name: str | None = None,
     ) -> ReplyResult:
         """The best next reply: to ``context`` (turns oldest first; a str is one turn), or to ``message`` in
         the server-side session ``session_id``. ``strategies``: query_similarity, reply_matching, reaction.
         ``thresholds``: {"query_similarity": cos, "reply_matching": cos} overrides. ``filter``:
         {"tags_any": [...], "tags_all": [...], "tags_none": [...], "language": "ko"}; ``exclude_ids``:
-        candidate ids never to answer with. A filter that admits nothing raises `NoCandidate`."""
+        candidate ids never to answer with. A filter that admits nothing raises `NoCandidate`.
+        ``set_name``: the candidate set to answer from (the default set unless given)."""
         call = _base.reply_call(
-            context, session_id, message, k, strategies, rerank, thresholds, filter=filter, exclude_ids=exclude_ids
+            context,
+            session_id,
+            message,
+            k,
+            strategies,
+            rerank,
+            thresholds,
+            filter=filter,
+            exclude_ids=exclude_ids,
+            set_name=set_name,
         )
         return _base.parse(ReplyResult, await self._send(call))
 
     async def similar(
-        self, text: str | None = None, *, pairs: Sequence[tuple[str, str]] | None = None, k: int | None = None
+        self,
+        text: str | None = None,
+        *,
+        pairs: Sequence[tuple[str, str]] | None = None,
+        k: int | None = None,
+        set_name: str | None = None,
     ) -> SimilarResult:
-        """Stored queries most similar to ``text`` (``matches``), or a cosine per pair (``scores``)."""
-        return _base.parse(SimilarResult, await self._send(_base.similar_call(text, pairs, k)))
+        """Stored queries of set ``set_name`` most similar to ``text`` (``matches``), or a cosine per pair
+        (``scores``)."""
+        return _base.parse(SimilarResult, await self._send(_base.similar_call(text, pairs, k, set_name)))
 
     async def submit_candidates(
-        self, source: Source, mode: Mode = "append", *, on_invalid: str | None = None, content_type: str | None = None
+        self,
+        source: Source,
+        mode: Mode = "append",
+        *,
+        on_invalid: str | None = None,
+        content_type: str | None = None,
+        set_name: str | None = None,
     ) -> UploadAccepted:
         """Upload candidates and return once the reindex job is queued. See `upload_candidates`."""
-        call = _base.upload_call(source, mode, on_invalid, content_type)
+        call = _base.upload_call(source, mode, on_invalid, content_type, set_name)
         return _base.parse(UploadAccepted, await self._send(call))
 
     @overload
@@ -147,6 +171,7 @@ class AsyncChitchatClient:
         poll_interval: float = ...,
         wait_timeout: float | None = ...,
         content_type: str | None = ...,
+        set_name: str | None = ...,
     ) -> Job: ...
 
     @overload
@@ -161,6 +186,7 @@ class AsyncChitchatClient:
         poll_interval: float = ...,
         wait_timeout: float | None = ...,
         content_type: str | None = ...,
+        set_name: str | None = ...,
     ) -> UploadAccepted: ...
 
     @overload
@@ -175,6 +201,7 @@ class AsyncChitchatClient:
         poll_interval: float = ...,
         wait_timeout: float | None = ...,
         content_type: str | None = ...,
+        set_name: str | None = ...,
     ) -> Job | UploadAccepted: ...
 
     async def upload_candidates(
@@ -188,6 +215,7 @@ class AsyncChitchatClient:
         poll_interval: float = _base.DEFAULT_POLL_INTERVAL,
         wait_timeout: float | None = None,
         content_type: str | None = None,
+        set_name: str | None = None,
     ) -> Job | UploadAccepted:
         """Upload candidates ({reply, query?, id?, metadata?}; {id} to delete) and reindex.
 
@@ -195,9 +223,12 @@ class AsyncChitchatClient:
         or the records themselves. ``on_invalid="skip"`` asks the server to drop invalid records rather than
         refuse the upload (servers that predate it ignore it). With ``wait`` it polls the job, with a progress
         bar on stderr when ``progress``, and returns the finished `Job` -- failed or succeeded, check
-        ``job.succeeded``; without, the `UploadAccepted`. Never retried.
+        ``job.succeeded``; without, the `UploadAccepted`. Never retried. ``set_name``: the candidate set to
+        upload to (the default set unless given); the first upload to a name creates the set.
         """
-        accepted = await self.submit_candidates(source, mode, on_invalid=on_invalid, content_type=content_type)
+        accepted = await self.submit_candidates(
+            source, mode, on_invalid=on_invalid, content_type=content_type, set_name=set_name
+        )
         if not wait:
             return accepted
         return await self.wait_for_job(
@@ -231,17 +262,25 @@ class AsyncChitchatClient:
     async def job(self, job_id: str) -> Job:
         return _base.parse(Job, await self._send(_base.job_call(job_id)))
 
-    async def jobs(self, limit: int = _base.DEFAULT_JOBS) -> list[Job]:
+    async def jobs(self, limit: int = _base.DEFAULT_JOBS, *, set_name: str | None = None) -> list[Job]:
         """The most recent reindex jobs (on any replica), newest first; at most ``limit``."""
-        return _base.parse(JobList, await self._send(_base.jobs_call(limit))).jobs
+        return _base.parse(JobList, await self._send(_base.jobs_call(limit, set_name))).jobs
 
-    async def index(self) -> IndexInfo:
+    async def index(self, *, set_name: str | None = None) -> IndexInfo:
         """The serving index version, the versions kept, and the stored candidate count."""
-        return _base.parse(IndexInfo, await self._send(_base.INDEX))
+        return _base.parse(IndexInfo, await self._send(_base.index_call(set_name)))
 
-    async def rollback(self) -> RollbackResult:
+    async def rollback(self, *, set_name: str | None = None) -> RollbackResult:
         """Serve the index version before the current one. Conflict when there is none (or a reindex runs)."""
-        return _base.parse(RollbackResult, await self._send(_base.ROLLBACK))
+        return _base.parse(RollbackResult, await self._send(_base.rollback_call(set_name)))
+
+    async def sets(self) -> SetList:
+        """Every candidate set: its version, counts and index size, and the server's limits on sets."""
+        return _base.parse(SetList, await self._send(_base.SETS))
+
+    async def delete_set(self, set_name: str) -> None:
+        """Remove a named set and its index versions on every replica (not the default set)."""
+        await self._send(_base.delete_set_call(set_name))
 
     async def health(self) -> Health:
         return _base.parse(Health, await self._send(_base.HEALTH))

@@ -87,8 +87,11 @@ def reply_call(
     *,
     filter: Mapping[str, Any] | None = None,
     exclude_ids: Sequence[str] | None = None,
+    set_name: str | None = None,
 ) -> Call:
     body: dict[str, Any] = {}
+    if set_name is not None:
+        body["set"] = set_name
     if context is not None:
         body["context"] = [context] if isinstance(context, str) else list(context)
     if session_id is not None:
@@ -113,8 +116,10 @@ def reply_call(
     return Call("POST", "/reply", idempotent=session_id is None and message is None, json=body)
 
 
-def similar_call(text: str | None, pairs: Sequence[tuple[str, str]] | None, k: int | None) -> Call:
-    body: dict[str, Any] = {}
+def similar_call(
+    text: str | None, pairs: Sequence[tuple[str, str]] | None, k: int | None, set_name: str | None = None
+) -> Call:
+    body: dict[str, Any] = {} if set_name is None else {"set": set_name}
     if text is not None:
         body["text"] = text
     if pairs is not None:
@@ -124,9 +129,11 @@ def similar_call(text: str | None, pairs: Sequence[tuple[str, str]] | None, k: i
     return Call("POST", "/similar", idempotent=True, json=body)
 
 
-def upload_call(source: Source, mode: Mode, on_invalid: str | None, content_type: str | None) -> Call:
+def upload_call(
+    source: Source, mode: Mode, on_invalid: str | None, content_type: str | None, set_name: str | None = None
+) -> Call:
     # Deletions have a route of their own: their records are ids (or whole records), not candidates.
-    path_for = "/admin/candidates/delete" if mode == "delete" else "/admin/candidates"
+    path_for = admin_path(set_name, "candidates/delete" if mode == "delete" else "candidates")
     params: dict[str, str] = {} if mode == "delete" else {"mode": mode}
     if on_invalid is not None:
         params["on_invalid"] = on_invalid
@@ -166,10 +173,10 @@ def job_call(job_id: str) -> Call:
     return Call("GET", f"/admin/jobs/{quote(job_id, safe='')}", idempotent=True, admin=True)
 
 
-def jobs_call(limit: int) -> Call:
+def jobs_call(limit: int, set_name: str | None = None) -> Call:
     if limit < 1:
         raise ValueError(f"limit must be at least 1, not {limit}")
-    return Call("GET", "/admin/jobs", idempotent=True, params={"limit": str(limit)}, admin=True)
+    return Call("GET", admin_path(set_name, "jobs"), idempotent=True, params={"limit": str(limit)}, admin=True)
 
 
 def iter_file(path: Path) -> Iterator[bytes]:
@@ -248,8 +255,28 @@ def parse(model: type[M], response: httpx.Response) -> M:
 HEALTH = Call("GET", "/healthz", idempotent=True)
 READY = Call("GET", "/readyz", idempotent=True, answers=frozenset({503}))
 INFO = Call("GET", "/info", idempotent=True)
-INDEX = Call("GET", "/admin/index", idempotent=True, admin=True)
-ROLLBACK = Call("POST", "/admin/rollback", idempotent=False, admin=True)
+SETS = Call("GET", "/admin/sets", idempotent=True, admin=True)
+DEFAULT_SET = "default"  # the set a call without one is about, as on the server
+
+
+def admin_path(set_name: str | None, tail: str) -> str:
+    """/admin/<tail> for the default set, /admin/sets/<name>/<tail> for another."""
+    if set_name is None or set_name == DEFAULT_SET:
+        return f"/admin/{tail}"
+    return f"/admin/sets/{quote(set_name, safe='')}/{tail}"
+
+
+def index_call(set_name: str | None) -> Call:
+    return Call("GET", admin_path(set_name, "index"), idempotent=True, admin=True)
+
+
+def rollback_call(set_name: str | None) -> Call:
+    return Call("POST", admin_path(set_name, "rollback"), idempotent=False, admin=True)
+
+
+def delete_set_call(set_name: str) -> Call:
+    # Deleting what is already gone answers 404: safe to send again.
+    return Call("DELETE", f"/admin/sets/{quote(set_name, safe='')}", idempotent=True, admin=True)
 
 
 def parse_readiness(response: httpx.Response) -> Readiness:

@@ -21,6 +21,7 @@ from app.client.models import (
     Readiness,
     ReplyResult,
     RollbackResult,
+    SetList,
     SimilarResult,
     UploadAccepted,
 )
@@ -109,28 +110,51 @@ class ChitchatClient:
         thresholds: Mapping[str, float] | None = None,
         filter: Mapping[str, Any] | None = None,
         exclude_ids: Sequence[str] | None = None,
+        set_name: str | None = None,
     ) -> ReplyResult:
         """The best next reply: to ``context`` (turns oldest first; a str is one turn), or to ``message`` in
         the server-side session ``session_id``. ``strategies``: query_similarity, reply_matching, reaction.
         ``thresholds``: {"query_similarity": cos, "reply_matching": cos} overrides. ``filter``:
         {"tags_any": [...], "tags_all": [...], "tags_none": [...], "language": "ko"}; ``exclude_ids``:
-        candidate ids never to answer with. A filter that admits nothing raises `NoCandidate`."""
+        candidate ids never to answer with. A filter that admits nothing raises `NoCandidate`.
+        ``set_name``: the candidate set to answer from (the default set unless given)."""
         call = _base.reply_call(
-            context, session_id, message, k, strategies, rerank, thresholds, filter=filter, exclude_ids=exclude_ids
+            context,
+            session_id,
+            message,
+            k,
+            strategies,
+            rerank,
+            thresholds,
+            filter=filter,
+            exclude_ids=exclude_ids,
+            set_name=set_name,
         )
         return _base.parse(ReplyResult, self._send(call))
 
     def similar(
-        self, text: str | None = None, *, pairs: Sequence[tuple[str, str]] | None = None, k: int | None = None
+        self,
+        text: str | None = None,
+        *,
+        pairs: Sequence[tuple[str, str]] | None = None,
+        k: int | None = None,
+        set_name: str | None = None,
     ) -> SimilarResult:
-        """Stored queries most similar to ``text`` (``matches``), or a cosine per pair (``scores``)."""
-        return _base.parse(SimilarResult, self._send(_base.similar_call(text, pairs, k)))
+        """Stored queries of set ``set_name`` most similar to ``text`` (``matches``), or a cosine per pair
+        (``scores``)."""
+        return _base.parse(SimilarResult, self._send(_base.similar_call(text, pairs, k, set_name)))
 
     def submit_candidates(
-        self, source: Source, mode: Mode = "append", *, on_invalid: str | None = None, content_type: str | None = None
+        self,
+        source: Source,
+        mode: Mode = "append",
+        *,
+        on_invalid: str | None = None,
+        content_type: str | None = None,
+        set_name: str | None = None,
     ) -> UploadAccepted:
         """Upload candidates and return once the reindex job is queued. See `upload_candidates`."""
-        call = _base.upload_call(source, mode, on_invalid, content_type)
+        call = _base.upload_call(source, mode, on_invalid, content_type, set_name)
         return _base.parse(UploadAccepted, self._send(call))
 
     @overload
@@ -145,6 +169,7 @@ class ChitchatClient:
         poll_interval: float = ...,
         wait_timeout: float | None = ...,
         content_type: str | None = ...,
+        set_name: str | None = ...,
     ) -> Job: ...
 
     @overload
@@ -159,6 +184,7 @@ class ChitchatClient:
         poll_interval: float = ...,
         wait_timeout: float | None = ...,
         content_type: str | None = ...,
+        set_name: str | None = ...,
     ) -> UploadAccepted: ...
 
     @overload
@@ -173,6 +199,7 @@ class ChitchatClient:
         poll_interval: float = ...,
         wait_timeout: float | None = ...,
         content_type: str | None = ...,
+        set_name: str | None = ...,
     ) -> Job | UploadAccepted: ...
 
     def upload_candidates(
@@ -186,6 +213,7 @@ class ChitchatClient:
         poll_interval: float = _base.DEFAULT_POLL_INTERVAL,
         wait_timeout: float | None = None,
         content_type: str | None = None,
+        set_name: str | None = None,
     ) -> Job | UploadAccepted:
         """Upload candidates ({reply, query?, id?, metadata?}; {id} to delete) and reindex.
 
@@ -193,9 +221,12 @@ class ChitchatClient:
         or the records themselves. ``on_invalid="skip"`` asks the server to drop invalid records rather than
         refuse the upload (servers that predate it ignore it). With ``wait`` it polls the job, with a progress
         bar on stderr when ``progress``, and returns the finished `Job` -- failed or succeeded, check
-        ``job.succeeded``; without, the `UploadAccepted`. Never retried.
+        ``job.succeeded``; without, the `UploadAccepted`. Never retried. ``set_name``: the candidate set to
+        upload to (the default set unless given); the first upload to a name creates the set.
         """
-        accepted = self.submit_candidates(source, mode, on_invalid=on_invalid, content_type=content_type)
+        accepted = self.submit_candidates(
+            source, mode, on_invalid=on_invalid, content_type=content_type, set_name=set_name
+        )
         if not wait:
             return accepted
         return self.wait_for_job(accepted.job_id, progress=progress, poll_interval=poll_interval, timeout=wait_timeout)
@@ -227,17 +258,25 @@ class ChitchatClient:
     def job(self, job_id: str) -> Job:
         return _base.parse(Job, self._send(_base.job_call(job_id)))
 
-    def jobs(self, limit: int = _base.DEFAULT_JOBS) -> list[Job]:
+    def jobs(self, limit: int = _base.DEFAULT_JOBS, *, set_name: str | None = None) -> list[Job]:
         """The most recent reindex jobs (on any replica), newest first; at most ``limit``."""
-        return _base.parse(JobList, self._send(_base.jobs_call(limit))).jobs
+        return _base.parse(JobList, self._send(_base.jobs_call(limit, set_name))).jobs
 
-    def index(self) -> IndexInfo:
+    def index(self, *, set_name: str | None = None) -> IndexInfo:
         """The serving index version, the versions kept, and the stored candidate count."""
-        return _base.parse(IndexInfo, self._send(_base.INDEX))
+        return _base.parse(IndexInfo, self._send(_base.index_call(set_name)))
 
-    def rollback(self) -> RollbackResult:
+    def rollback(self, *, set_name: str | None = None) -> RollbackResult:
         """Serve the index version before the current one. Conflict when there is none (or a reindex runs)."""
-        return _base.parse(RollbackResult, self._send(_base.ROLLBACK))
+        return _base.parse(RollbackResult, self._send(_base.rollback_call(set_name)))
+
+    def sets(self) -> SetList:
+        """Every candidate set: its version, counts and index size, and the server's limits on sets."""
+        return _base.parse(SetList, self._send(_base.SETS))
+
+    def delete_set(self, set_name: str) -> None:
+        """Remove a named set and its index versions on every replica (not the default set)."""
+        self._send(_base.delete_set_call(set_name))
 
     def health(self) -> Health:
         return _base.parse(Health, self._send(_base.HEALTH))

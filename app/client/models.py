@@ -22,6 +22,8 @@ __all__ = [
     "Readiness",
     "ReplyResult",
     "RollbackResult",
+    "SetInfo",
+    "SetList",
     "SimilarMatch",
     "SimilarResult",
     "UploadAccepted",
@@ -53,6 +55,7 @@ class ReplyResult(_Model):
     confidence: float | None = None
     candidates: list[Candidate] = Field(default_factory=list)
     index_version: str
+    set: str = "default"  # the candidate set it was answered from
     session_id: str | None = None
 
 
@@ -68,6 +71,7 @@ class SimilarResult(_Model):
     matches: list[SimilarMatch] | None = None
     scores: list[float] | None = None
     index_version: str
+    set: str = "default"
 
 
 class Health(_Model):
@@ -92,11 +96,12 @@ class UploadAccepted(_Model):
     """The 202 an upload gets: the reindex job was queued."""
 
     job_id: str
+    set: str = "default"  # the candidate set the upload goes to
     state: str
     mode: str
     records: int  # the records that go ahead
     skipped: int = 0  # invalid records dropped (on_invalid="skip"); the job's report names them
-    status: str  # the job's path, /admin/jobs/<job_id>
+    status: str  # the job's path: /admin/jobs/<job_id>, or /admin/sets/<set>/jobs/<job_id>
 
 
 class Job(_Model):
@@ -131,6 +136,7 @@ class JobList(_Model):
 
 
 class IndexInfo(_Model):
+    set: str = "default"
     current: str
     previous: str | None = None
     versions: list[str] = Field(default_factory=list)  # oldest first
@@ -144,7 +150,27 @@ class IndexInfo(_Model):
 class RollbackResult(_Model):
     """The version that served before (`from` in JSON) and the one that serves now."""
 
+    set: str = "default"
     from_version: str = Field(alias="from")
     to_version: str = Field(alias="to")
     # "publish" and "prune", each "done" or "failed: ...": the rollback serves either way.
     after_swap: dict[str, str] = Field(default_factory=dict)
+
+
+class SetInfo(_Model):
+    """One candidate set, as GET /admin/sets lists it; counts absent while it has no index version."""
+
+    name: str
+    ready: bool
+    version: str | None = None
+    replies: int | None = None
+    queries: int | None = None
+    reactions: int | None = None
+    tags: int | None = None  # distinct tags on its replies
+    index_bytes: int | None = None  # its FAISS indexes, held in each replica's memory
+    problem: str | None = None
+
+
+class SetList(_Model):
+    sets: list[SetInfo] = Field(default_factory=list)
+    limits: dict[str, int] = Field(default_factory=dict)  # max_sets, max_total_candidates

@@ -15,6 +15,7 @@
   const indexLabel = $("index-version");
   const modelLabel = $("model-name");
   const tagFilter = $("tag-filter");
+  const setPicker = $("set-picker");
 
   const REQUEST_TIMEOUT_MS = 15000;
   let sessionId = "";
@@ -111,6 +112,7 @@
     const body = { session_id: forSession, message: text, k: 5 };
     const tags = [...new Set(tagFilter.value.split(",").map((t) => t.trim()).filter(Boolean))];
     if (tags.length) body.filter = { tags_any: tags };
+    if (setPicker.value !== "default") body.set = setPicker.value;
     return body;
   }
 
@@ -134,7 +136,8 @@
       // Only the newest reply keeps its candidates open, so a phone screen shows the conversation.
       for (const open of list.querySelectorAll("details[open]")) open.open = false;
       thinking.replaceWith(botMessage(body));
-      indexLabel.textContent = body.index_version;
+      const otherSet = body.set && body.set !== "default";
+      indexLabel.textContent = otherSet ? body.set + " " + body.index_version : body.index_version;
       announcer.textContent = "Bot: " + body.reply;
       scrollToEnd();
     } catch (err) {
@@ -194,7 +197,29 @@
     }
   }
 
+  // The sets this replica serves, from /readyz (public, unlike /admin/sets); "default" stays if it fails.
+  async function loadSets() {
+    try {
+      const response = await fetch("readyz");
+      const sets = Object.keys((await response.json()).sets || {}).filter((name) => name !== "default").sort();
+      setPicker.append(...sets.map((name) => {
+        const option = el("option", "", name);
+        option.value = name;
+        return option;
+      }));
+    } catch {
+      // The picker keeps "default"; a reply names the set it came from anyway.
+    }
+  }
+
+  // Another set is another bot: its conversation starts afresh.
+  setPicker.addEventListener("change", () => {
+    startConversation();
+    input.focus();
+  });
+
   startConversation();
   loadInfo();
+  loadSets();
   input.focus();
 })();
