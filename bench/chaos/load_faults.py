@@ -80,9 +80,13 @@ def hostile_bodies(ctx: Context) -> dict[str, Any]:
             "/reply",
             json.dumps({"context": ["hi"], "filter": {"language": "x" * 64}}).encode(),
         ),
+        "set: a path": ("/reply", json.dumps({"context": ["hi"], "set": "../../etc/passwd"}).encode()),
+        "set: 100 kB name": ("/similar", json.dumps({"text": "hi", "set": "s" * 100_000}).encode()),
+        "set: a number": ("/reply", json.dumps({"context": ["hi"], "set": 7}).encode()),
         "10,000 exclude_ids": ("/reply", json.dumps({"context": ["hi"], "exclude_ids": ["a"] * 10_000}).encode()),
     }
-    # Well-formed, but nothing matches: not bad input, a clear 404 naming the filter.
+    # Well-formed, but nothing matches: not bad input, a clear 404 naming the filter. (A set that does
+    # not exist is a 404 naming the set: the tests cover it.)
     admits_nothing = json.dumps({"context": ["hi"], "filter": {"tags_any": ["no-such-tag"]}}).encode()
     results: dict[str, Any] = {}
     _, service = ctx.shared()
