@@ -73,6 +73,18 @@ async def test_each_set_answers_only_from_its_own_candidates(two_bots: httpx.Asy
     assert similar["set"] == "korean" and similar["matches"][0]["reply"] == "좋은 꿈 꿔!"
 
 
+async def test_one_session_id_sent_to_two_sets_is_two_conversations(two_bots: httpx.AsyncClient) -> None:
+    for name, message in (("english", "good night"), ("korean", "잘 자"), ("english", "hi! how are you?")):
+        body = {"session_id": "shared-id", "message": message, "set": name}
+        response = await two_bots.post("/reply", json=body)
+        assert response.status_code == 200 and response.json()["session_id"] == "shared-id", response.text
+    sessions = two_bots._transport.app.state.runtime.sessions  # type: ignore[attr-defined]
+    english = [t.text for t in (await sessions.history("english/shared-id")).turns]
+    korean = [t.text for t in (await sessions.history("korean/shared-id")).turns]
+    assert english[0::2] == ["good night", "hi! how are you?"] and korean[0::2] == ["잘 자"]
+    assert not (await sessions.history("shared-id")).turns  # the default set's conversation of that id
+
+
 async def test_a_reindex_under_load_never_crosses_sets(two_bots: httpx.AsyncClient) -> None:
     """Both sets asked without pause while each is reindexed: every answer comes from its own set, none fails."""
     stop = asyncio.Event()

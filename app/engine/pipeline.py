@@ -168,7 +168,10 @@ async def session_reply(
     """Context from the session store; the bot's own recent replies are excluded.
 
     The turn is stored only if `still_wanted()` says the caller is still there
-    to receive the reply: a reply nobody saw must not become context."""
+    to receive the reply: a reply nobody saw must not become context. A named
+    set's sessions are its own: one id sent to two bots is two conversations."""
+    if options.set_name != DEFAULT_SET:
+        session_id = f"{options.set_name}/{session_id}"  # "/" is in no session id, so in no default-set key
     async with runtime.sessions.turn(session_id):
         for _ in range(SESSION_ATTEMPTS):
             started = time.perf_counter()
