@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import shutil
 import sys
@@ -38,6 +37,7 @@ import httpx
 import numpy as np
 
 from app.engine.kernels import cpu
+from bench import reports
 from bench.latency import free_port
 from bench.load import ROOT, contexts, start, stop
 from core import ann
@@ -230,10 +230,7 @@ def main() -> None:
             "search": search,
             "reply": reply,
         }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(report))
-    print(markdown(report))
+    reports.write(args.out, report, markdown(report))
 
 
 if __name__ == "__main__":

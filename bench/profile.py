@@ -22,7 +22,6 @@ that index instead (the search stages at 11k against 97k).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -33,6 +32,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.engine.kernels import cpu
+from bench import reports
 from bench.latency import free_port
 from bench.load import ROOT, contexts, rss_mb, start, stop, write_bodies, wrk
 from core.bundle import RELEASE_BUNDLE, BundleManifest, open_bundle
@@ -191,10 +191,7 @@ def profile(args: argparse.Namespace, bundle: BundleManifest) -> None:
         "rss_mb": round(rss, 1),
         "runs": runs,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(report))
-    print(markdown(report))
+    reports.write(args.out, report, markdown(report))
 
 
 if __name__ == "__main__":
