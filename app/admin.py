@@ -135,11 +135,13 @@ class Admin:
         admin = self.of(name)
         holding = admin.reindexer.claim(f"delete-{name}@{self.origin}")
         try:
+            # The directory first: once it is gone no follower (here or elsewhere) can add the set back,
+            # and the other replicas drop it at their next look. Requests in flight keep their snapshot.
+            remove_set_dir(self.settings.artifacts_dir, name)
             with self._guard:
                 self.runtime.drop_set(name)
                 self.sets.pop(name, None)
             admin.candidates.remove()
-            remove_set_dir(self.settings.artifacts_dir, name)  # the other replicas drop it at their next look
         finally:
             holding.release()
 
