@@ -186,6 +186,34 @@ FILTERED_EXACT_BELOW = EXACT_BELOW
 MAX_FILTERED_EF = 1024  # a graph search keeps efSearch / (admitted share) candidates, up to this
 
 
+SUBSET_FP32_BELOW = 2000  # rows a subset keeps as fp32 (3 MB at most): 8-bit ranges need more rows to train
+
+
+@dataclass(frozen=True)
+class Subset:
+    """Some rows of an index, copied into a flat index of their own, so that an exact scan of
+    them reads only them (a bitmap over the whole index reads every stored code)."""
+
+    index: faiss.Index  # flat, over `rows` in their order
+    rows: np.ndarray  # [S] int64: each one's row in the whole index
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """queries [Q, D] -> (scores [Q, k], rows of the whole index [Q, k]), rows -1 past the last hit."""
+        scores, local = self.index.search(queries, k)  # [Q, k] each
+        return scores, np.where(local >= 0, self.rows[np.maximum(local, 0)], -1)
+
+    @property
+    def bytes(self) -> int:
+        return int(self.index.sa_code_size() * self.index.ntotal + self.rows.nbytes)
+
+
+def subset(index: faiss.Index, rows: np.ndarray) -> Subset:
+    """rows: [S] ascending rows of `index` (an inverted file needs `allow_row_lookup` first)."""
+    vectors = vectors_of(index, rows)  # [S, D] decoded from the stored codes
+    flat = exact(vectors) if len(rows) < SUBSET_FP32_BELOW else flat_sq8(vectors)
+    return Subset(flat, np.asarray(rows, dtype=np.int64))
+
+
 def search(
     index: faiss.Index, queries: np.ndarray, k: int, selector: faiss.IDSelector | None = None, admitted: int = 0
 ) -> tuple[np.ndarray, np.ndarray]:

@@ -1,22 +1,29 @@
 """Request-time filters: which stored replies (and reactions) a request may be answered with.
 
 A filter compiles, once per index version (`IndexVersion.memo`), into the
-rows each index admits: a bitmap FAISS tests during its search, so a top k
-comes back from the admitted rows alone and nothing is cut after the fact
-(`ann.search`). Stored queries are admitted by the reply they are paired
-with. Tags and languages are the records' own (`core.records.Candidate`);
-ids are the ones `/reply` returns.
+rows each index admits, and a top k comes back from the admitted rows alone,
+never cut from an unfiltered one after the fact. Few admitted rows are
+copied into a flat index of their own and scanned exactly (`exact_subset`,
+kept for the last SUBSETS_KEPT filters); many are searched in the graph or
+the inverted file with a bitmap FAISS tests as it goes (`ann.search`).
+Stored queries are admitted by the reply they are paired with. Tags and
+languages are the records' own (`core.records.Candidate`); ids are the ones
+`/reply` returns.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Literal
 
 import faiss
 import numpy as np
 
+from core import ann
 from core.store import IndexVersion
+
+Side = Literal["replies", "queries"]
 
 
 @dataclass(frozen=True)
@@ -79,8 +86,12 @@ class Selection:
 class Admitted:
     """A filter compiled against one version."""
 
+    rule: Filter
     replies: Selection  # [R]
     queries: Selection  # [Q], by the reply each stored query is paired with
+
+    def of(self, side: Side) -> Selection:
+        return self.replies if side == "replies" else self.queries
 
 
 def admitted(index: IndexVersion, rule: Filter) -> Admitted:
@@ -110,9 +121,36 @@ def _compile(index: IndexVersion, rule: Filter) -> Admitted:
     if rule.exclude_ids:
         rows = reply_rows_by_id(index)
         mask[[rows[i] for i in rule.exclude_ids if i in rows]] = False
-    return Admitted(Selection(mask), Selection(mask[index.query_reply_rows]))
+    return Admitted(rule, Selection(mask), Selection(mask[index.query_reply_rows]))
+
+
+def exact_subset(index: IndexVersion, only: Admitted, side: Side) -> ann.Subset | None:
+    """The admitted rows of one side copied into a flat index, for an exact scan that reads only
+    them; None when they are too many for that to pay (the graph or inverted file searches them).
+    Built on first use and kept for the last few filters (`IndexVersion.subsets`)."""
+    selection = only.of(side)
+    if not 0 < selection.count < ann.FILTERED_EXACT_BELOW:
+        return None
+    whole = index.reply_index if side == "replies" else index.query_index
+    build = lambda: ann.subset(whole, np.flatnonzero(selection.mask))  # noqa: E731
+    return index.subsets.get((only.rule, side), build)  # type: ignore[no-any-return]
 
 
 def reply_rows_by_id(index: IndexVersion) -> dict[str, int]:
     """id -> reply row, for `exclude_ids`: built on the first request that excludes by id."""
     return index.memo.get("rows-by-id", lambda: {id: row for row, id in enumerate(index.reply_ids)})  # type: ignore[no-any-return]
+
+
+def search(
+    index: IndexVersion, side: Side, queries: np.ndarray, k: int, only: Admitted | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """queries [Q, D] -> (scores [Q, k], rows [Q, k] of the side's index, -1 past the last hit),
+    among the rows `only` admits: as `/reply` searches, and as bench/filters.py measures it."""
+    whole = index.reply_index if side == "replies" else index.query_index
+    if only is None:
+        return ann.search(whole, queries, k)
+    subset = exact_subset(index, only, side)
+    if subset is not None:
+        return subset.search(queries, k)
+    selection = only.of(side)
+    return ann.search(whole, queries, k, selection.selector(), selection.count)

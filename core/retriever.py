@@ -14,15 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import faiss
 import numpy as np
 
-from core import ann, confidence
+from core import confidence, filters
 from core.bundle import BundleManifest, Thresholds
 from core.confidence import ConfidenceModel, ShareThreshold
 from core.confidence import features as confidence_features
 from core.encoder import Encoder
-from core.filters import Admitted, Filter, Selection, admitted
+from core.filters import Admitted, Filter, Side, admitted
 from core.laps import Laps, lap
 from core.reactions import ReactionClassifier
 from core.reranker import PolyReranker
@@ -125,11 +124,10 @@ class Scored:
 
 
 def _search(
-    index: faiss.Index, vector: np.ndarray, k: int, only: Selection | None = None
+    version: IndexVersion, side: Side, vector: np.ndarray, k: int, only: Admitted | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    # vector: [D] -> scores [k], rows [k]; FAISS pads missing hits with row -1
-    selector = only.selector() if only is not None else None
-    scores, rows = ann.search(index, vector[None, :], k, selector, only.count if only is not None else 0)
+    # vector: [D] -> scores [k], rows [k] of the side's index, among the rows `only` admits
+    scores, rows = filters.search(version, side, vector[None, :], k, only)
     keep = rows[0] >= 0
     return scores[0][keep], rows[0][keep]
 
@@ -213,7 +211,7 @@ def query_similarity(
     # dropped afterwards, so over-fetch.
     with lap(laps, "search_queries"):
         depth = 2 * k + len(avoid) + OVERFETCH
-        scores, rows = _search(index.query_index, query_vector, depth, only.queries if only else None)
+        scores, rows = _search(index, "queries", query_vector, depth, only)
     ranked = [(1.0, row) for row in exact] + [
         (score, row) for score, row in zip(scores.tolist(), rows.tolist(), strict=True) if row not in exact
     ]
@@ -249,9 +247,7 @@ def reply_matching(
     wanted = max(k, confidence.DEPTH)
     depth = max(wanted, rerank_depth) if poly_vectors is not None else wanted
     with lap(laps, "search_replies"):
-        scores, rows = _search(
-            index.reply_index, context_vector, depth + len(avoid) + OVERFETCH, only.replies if only else None
-        )
+        scores, rows = _search(index, "replies", context_vector, depth + len(avoid) + OVERFETCH, only)
     if poly_vectors is not None and len(rows):
         if serving.reranker is None:
             raise ValueError("poly vectors given but the bundle has no poly head")
@@ -389,5 +385,5 @@ def walk(serving: Serving, request: WalkRequest) -> Answer | None:
 
 def search_queries(serving: Serving, vector: np.ndarray, k: int) -> tuple[list[float], list[int]]:
     """The k stored queries nearest to vector [D]: (scores, query rows)."""
-    scores, rows = _search(serving.index.query_index, vector, k)
+    scores, rows = _search(serving.index, "queries", vector, k)
     return scores.tolist(), rows.tolist()

@@ -115,6 +115,9 @@ class IndexManifest:
         return cls(**{k: v for k, v in raw.items() if k in known})
 
 
+SUBSETS_KEPT = 8
+
+
 class Memo:
     """A few derived lookups of one immutable version, computed on first use and kept
     (least recently used first out). Searches run in several threads, hence the lock."""
@@ -161,6 +164,9 @@ class IndexVersion:
     query_rows_by_text: dict[str, list[int]] = field(default_factory=dict)
     # What `core.filters` derives from this version once and reuses: compiled filters, ids -> rows.
     memo: Memo = field(default_factory=Memo, repr=False)
+    # Filters' admitted rows copied into flat indexes (`filters.exact_subset`): at most
+    # SUBSETS_KEPT × 2 sides × 20k rows × 384 bytes, 62 MB, a version.
+    subsets: Memo = field(default_factory=lambda: Memo(SUBSETS_KEPT), repr=False)
 
     @property
     def version(self) -> str:
@@ -295,6 +301,7 @@ class IndexStore:
         tables = self.tables(version)
         reply_index = faiss.read_index(str(directory / REPLY_INDEX))
         query_index = faiss.read_index(str(directory / QUERY_INDEX))
+        ann.allow_row_lookup(query_index)  # a filter's admitted stored queries are read back by row
         ann.configure(reply_index, ann.AnnReport(**manifest.ann["replies"]))
         ann.configure(query_index, ann.AnnReport(**manifest.ann["queries"]))
         reactions = directory / REACTION_INDEX

@@ -90,6 +90,28 @@ def _decoded(index: faiss.Index) -> np.ndarray:
     return ann.vectors_of(index)
 
 
+@pytest.mark.parametrize("kind", ["graph", "inverted"])
+@pytest.mark.parametrize("share", [0.001, 0.1, 0.6])
+def test_a_subset_of_admitted_rows_finds_their_exact_top_k(kind: str, share: float) -> None:
+    """What /reply scans when few rows are admitted: a flat copy of them (fp32 under 2,000 rows,
+    8-bit above), checked against exact search over the same rows' stored vectors."""
+    vectors = clustered(4000)  # [N, D]
+    index = INDEXES[kind](vectors)
+    ann.allow_row_lookup(index)
+    stored = ann.vectors_of(index)  # [N, D]
+    mask = np.random.default_rng(1).random(len(vectors)) < share  # [N]
+    mask[0] = True  # at least one
+    rows = np.flatnonzero(mask)
+    subset = ann.subset(index, rows)
+    queries = clustered(100, seed=2)  # [Q, D]
+    _, found = subset.search(queries, 10)  # [Q, 10]
+    assert mask[found[found >= 0]].all()
+    assert ((found >= 0).sum(axis=1) == min(10, len(rows))).all()
+    truth = exact_top(stored, queries, mask, 10)
+    recall = np.mean([len(set(r.tolist()) & t) / len(t) for r, t in zip(found, truth, strict=True)])
+    assert recall >= (0.999 if len(rows) < ann.SUBSET_FP32_BELOW else 0.97), recall
+
+
 def test_a_filter_that_admits_nothing_finds_nothing() -> None:
     index = ann.flat_sq8(clustered(100))
     only = Selection(np.zeros(100, dtype=bool))
@@ -151,9 +173,12 @@ async def ask(client: httpx.AsyncClient, text: str, **body: object) -> httpx.Res
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("strategy", ["query_similarity", "reply_matching"])
+@pytest.mark.parametrize("exact_below", [ann.FILTERED_EXACT_BELOW, 0])
 async def test_every_strategy_answers_only_from_what_the_filter_admits(
-    tagged: httpx.AsyncClient, strategy: str
+    tagged: httpx.AsyncClient, strategy: str, exact_below: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """exact_below 0: the bitmap over the whole index rather than a copy of the admitted rows."""
+    monkeypatch.setattr(ann, "FILTERED_EXACT_BELOW", exact_below)
     for text in ("hi! how are you?", "what do you do for fun?", "tell me something"):
         for rule, allowed in [
             ({"tags_any": ["kids"]}, {"kid-1", "kid-2", "ko-1"}),
