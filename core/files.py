@@ -1,4 +1,5 @@
-"""Atomic file replacement: the one way a file that others read is rewritten.
+"""Atomic file replacement: the one way a file that others read is rewritten (and
+`staged_dir`, the one way a directory of them is).
 
 The new content goes to a temporary file beside the target (same directory, so
 same filesystem), is flushed and fsynced, and only then renamed over the target
@@ -16,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
+import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
@@ -81,3 +84,23 @@ def write_json_atomic(path: Path, value: Any, *, indent: int | None = None, sync
     """`value` as JSON (non-ASCII kept as is), replacing `path` whole; with `indent`, a final newline too."""
     text = json.dumps(value, indent=indent, ensure_ascii=False)
     write_atomic(path, text + "\n" if indent is not None else text, sync_dir=sync_dir)
+
+
+@contextlib.contextmanager
+def staged_dir(final: Path) -> Iterator[Path]:
+    """A directory to assemble beside `final` (a bundle, a release): renamed into its place when
+    the block ends without an error, an old `final` moved aside first and removed after; removed
+    if the block raises, leaving `final` as it was. A reader finds the old directory or the new
+    one, whole, except between the two renames."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+    staging.chmod(0o755)  # mkdtemp's 0700 would hide it from a service running as another user
+    try:
+        yield staging
+        old = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
+        if final.exists():
+            final.rename(old)
+        staging.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # gone already when it was renamed into place

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -34,6 +33,7 @@ from core.bundle import (
     write_manifest,
 )
 from core.encoder import OUTPUT_NAMES, POLY_OUTPUT, Encoder
+from core.files import staged_dir
 from models.encoder import DualEncoder, load_pretrained, minilm_path
 from models.fusion import fuse_bert
 from models.reactions import ReactionModel
@@ -152,10 +152,8 @@ def export_bundle(model: DualEncoder, config: ExportConfig, bundles_root: Path, 
     """Writes bundles_root/config.name and returns its path. Raises if parity fails."""
     started = time.perf_counter()
     model = model.eval()
-    bundles_root.mkdir(parents=True, exist_ok=True)
     final = bundles_root / config.name
-    staging = Path(tempfile.mkdtemp(prefix=f".{config.name}-", dir=bundles_root))
-    try:
+    with staged_dir(final) as staging:
         fp32 = staging / "encoder.fp32.onnx"
         if (model.poly_head is None) != (config.poly is None):
             raise ValueError(f"{config.name}: model poly head and config.poly must come together")
@@ -193,14 +191,6 @@ def export_bundle(model: DualEncoder, config: ExportConfig, bundles_root: Path, 
             fp32.unlink()
             (staging / "encoder.fused.onnx").unlink(missing_ok=True)
         write_manifest(staging, manifest)
-
-        if final.exists():
-            shutil.rmtree(final)
-        staging.chmod(0o755)  # mkdtemp makes it owner-only; a service user must read the bundle
-        staging.rename(final)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging)
     print(
         f"[export] {final} ({manifest.quantization}) parity {manifest.parity} in {time.perf_counter() - started:.1f}s"
     )

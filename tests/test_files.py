@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from core.files import atomic_file, write_atomic, write_json_atomic
+from core.files import atomic_file, staged_dir, write_atomic, write_json_atomic
 
 
 def test_the_target_is_replaced_whole(tmp_path: Path) -> None:
@@ -62,3 +62,18 @@ def test_concurrent_writers_never_share_a_temporary_file(tmp_path: Path) -> None
         t.join()
     assert target.read_text() in texts
     assert [p.name for p in tmp_path.iterdir()] == ["CURRENT"]
+
+
+def test_a_staged_directory_replaces_the_old_one_whole_or_not_at_all(tmp_path: Path) -> None:
+    final = tmp_path / "bundle"
+    final.mkdir()
+    (final / "old.txt").write_text("old")
+    with pytest.raises(RuntimeError), staged_dir(final) as staging:
+        (staging / "new.txt").write_text("half")
+        raise RuntimeError("the export failed")
+    assert [p.name for p in tmp_path.iterdir()] == ["bundle"]  # no staging left behind
+    assert [p.name for p in final.iterdir()] == ["old.txt"]
+    with staged_dir(final) as staging:
+        (staging / "new.txt").write_text("new")
+    assert [p.name for p in tmp_path.iterdir()] == ["bundle"]  # nor the old one, moved aside
+    assert [p.name for p in final.iterdir()] == ["new.txt"] and final.stat().st_mode & 0o755 == 0o755

@@ -20,8 +20,6 @@ loads it as it loads any other.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -45,6 +43,7 @@ from core.bundle import (
     write_manifest,
 )
 from core.encoder import OUTPUT_NAMES, POLY_OUTPUT, Encoder
+from core.files import staged_dir
 
 ONNX_OPSET = 17
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # [PAD] is id 0: what the encoder pads with
@@ -241,9 +240,8 @@ def build_tiny_bundle(
     Assembled aside and renamed into place."""
     tokenizer = tiny_tokenizer()
     weights = TinyWeights.random(tokenizer.get_vocab_size(), dim, seed, codes=poly.codes if poly else None)
-    bundles_root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=bundles_root))
-    try:
+    final = bundles_root / name
+    with staged_dir(final) as staging:
         tokenizer.save(str(staging / TOKENIZER_FILE))
         fp32 = staging / "encoder.fp32.onnx"
         onnx.save(tiny_graph(weights), str(fp32))
@@ -278,11 +276,4 @@ def build_tiny_bundle(
         if manifest.parity["mean_cosine"] < min_parity_cosine:
             raise AssertionError(f"{name}: the graph does not compute its numpy twin: {manifest.parity}")
         write_manifest(staging, manifest)
-        final = bundles_root / name
-        if final.exists():
-            shutil.rmtree(final)
-        staging.rename(final)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging)
     return final
