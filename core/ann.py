@@ -179,13 +179,11 @@ def recall_at_k(index: faiss.Index, queries: np.ndarray, truth: np.ndarray, drop
     return hits / truth.size
 
 
-# Fewer admitted rows than this, and a filtered search scans the admitted rows' 8-bit codes exactly:
-# one bitmap test per stored row and one distance per admitted row, under 1 ms at 96k rows. A set
-# of this size would be stored flat anyway (EXACT_BELOW).
+# Fewer admitted rows than this are searched exactly, as a set of this size would be stored flat
+# (EXACT_BELOW): `filters.exact_subset` copies them into a flat index of their own, and `search`
+# below, given only a bitmap, scans every stored code with a bitmap test per row.
 FILTERED_EXACT_BELOW = EXACT_BELOW
 MAX_FILTERED_EF = 1024  # a graph search keeps efSearch / (admitted share) candidates, up to this
-
-
 SUBSET_FP32_BELOW = 2000  # rows a subset keeps as fp32 (3 MB at most): 8-bit ranges need more rows to train
 
 
@@ -201,10 +199,6 @@ class Subset:
         """queries [Q, D] -> (scores [Q, k], rows of the whole index [Q, k]), rows -1 past the last hit."""
         scores, local = self.index.search(queries, k)  # [Q, k] each
         return scores, np.where(local >= 0, self.rows[np.maximum(local, 0)], -1)
-
-    @property
-    def bytes(self) -> int:
-        return int(self.index.sa_code_size() * self.index.ntotal + self.rows.nbytes)
 
 
 def subset(index: faiss.Index, rows: np.ndarray) -> Subset:

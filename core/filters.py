@@ -64,10 +64,6 @@ class Selection:
     def count(self) -> int:
         return int(self.mask.sum())
 
-    @property
-    def total(self) -> int:
-        return len(self.mask)
-
     @cached_property
     def bitmap(self) -> np.ndarray:
         """[ceil(N / 8)] uint8, row i at bit i % 8 of byte i // 8: the layout of faiss.IDSelectorBitmap."""
