@@ -21,7 +21,7 @@ import faiss
 import numpy as np
 
 from core import ann
-from core.store import IndexVersion
+from core.store import SUBSETS_KEPT, IndexVersion
 
 Side = Literal["replies", "queries"]
 
@@ -150,3 +150,17 @@ def search(
         return subset.search(queries, k)
     selection = only.of(side)
     return ann.search(whole, queries, k, selection.selector(), selection.count)
+
+
+def warm(index: IndexVersion, like: IndexVersion) -> int:
+    """Compiles on `index` the filters most recently used on `like` (the version it replaces), and
+    builds their copies, so that a reindex or a rollback does not make the next request of each
+    filter pay for them (67 ms at 10% of 96k rows). Off the request path: where a version is loaded.
+    Returns how many filters it warmed."""
+    rules = [key[1] for key in like.memo.kept() if isinstance(key, tuple) and key[0] == "filter"]
+    recent = rules[-SUBSETS_KEPT:]
+    for rule in recent:
+        only = admitted(index, rule)
+        for side in ("replies", "queries"):
+            exact_subset(index, only, side)
+    return len(recent)

@@ -127,6 +127,11 @@ class Memo:
         self._entries: OrderedDict[Hashable, Any] = OrderedDict()
         self._lock = threading.Lock()
 
+    def kept(self) -> list[Hashable]:
+        """What is kept, least recently used first."""
+        with self._lock:
+            return list(self._entries)
+
     def get(self, key: Hashable, compute: Callable[[], Any]) -> Any:
         with self._lock:
             if key in self._entries:

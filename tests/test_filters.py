@@ -253,3 +253,18 @@ async def test_uploaded_tags_have_limits(tagged: httpx.AsyncClient) -> None:
     for tags, field in [(["bad tag"], "record 1.tags.0"), ([f"t{i}" for i in range(17)], "record 1.tags")]:
         response = await tagged.post("/admin/candidates", json=[{"reply": "x", "tags": tags}], headers=AUTH)
         assert response.status_code == 422 and response.json()["error"]["field"] == field, response.text
+
+
+@pytest.mark.anyio
+async def test_a_reindex_readies_the_filters_the_set_was_serving(tagged: httpx.AsyncClient) -> None:
+    """The next request of each recent filter finds it compiled, and its copies built, on the new version."""
+    from core.filters import Filter
+
+    for rule in ({"tags_any": ["kids"]}, {"tags_none": ["mature"]}):
+        assert (await ask(tagged, "hi! how are you?", filter=rule)).status_code == 200
+    await upload(tagged, [{"reply": "a new one", "id": "new-1", "tags": ["kids"]}])
+    fresh = tagged._transport.app.state.runtime.current().index  # type: ignore[attr-defined]
+    kept = fresh.memo.kept()
+    assert ("filter", Filter(tags_any=frozenset({"kids"}))) in kept
+    assert ("filter", Filter(tags_none=frozenset({"mature"}))) in kept
+    assert (Filter(tags_any=frozenset({"kids"})), "replies") in fresh.subsets.kept()

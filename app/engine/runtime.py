@@ -27,6 +27,7 @@ from app.engine.kv import Guarded, open_store
 from app.engine.sessions import SessionStore
 from app.engine.sets import DEFAULT_SET, CandidateSet, NoSuchSet, NotReady, indexes_root, names_on_volume
 from app.engine.stats import Stages
+from core import filters
 from core.bundle import BundleError, BundleManifest, open_bundle
 from core.confidence import ConfidenceModel, ShareThreshold
 from core.encoder import Encoder
@@ -82,12 +83,16 @@ class Runtime:
 
     def serve_version(self, candidates: CandidateSet, version: str) -> Serving:
         """The loaded model with another index version of a set. The version's manifest is
-        checked against the model before any of its FAISS files is read."""
+        checked against the model before any of its FAISS files is read; the filters the set
+        served recently are readied on it (called off the event loop: reindex, rollback, follower)."""
         model = self.current_model()
         built_with = candidates.store.manifest(version).bundle_checksum
         if built_with != model.bundle.checksum:
             raise ValueError(f"index {version} was built with another model ({built_with[:12]})")
-        return serve(model, candidates.store.load(version), self.settings)
+        loaded = candidates.store.load(version)
+        if candidates.serving is not None:
+            filters.warm(loaded, candidates.serving.index)
+        return serve(model, loaded, self.settings)
 
     def add_set(self, name: str) -> CandidateSet:
         """The set `name`, made known to this replica if it was not (nothing served until a version is)."""
