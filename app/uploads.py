@@ -41,7 +41,6 @@ from index.candidates import RECORD_LINES
 
 Mode = Literal["replace", "append", "delete"]
 OnInvalid = Literal["reject", "skip"]
-RecordId = CandidateId
 MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 MAX_METADATA_TEXT = 256
 
@@ -83,7 +82,7 @@ class CandidateIn(Strict):
 
     reply: Turn
     query: Turn | None = None
-    id: RecordId | None = None
+    id: CandidateId | None = None
     metadata: Annotated[dict[MetadataKey, MetadataValue], Field(max_length=MAX_METADATA_KEYS)] | None = None
     # "reaction": a short reply ("ㅋㅋㅋ", "haha") served in `language`'s conversations when no
     # retrieved reply is sure enough, instead of the model's own reaction set.
@@ -102,7 +101,7 @@ class CandidateIn(Strict):
 
 
 class DeleteIn(Strict):
-    id: RecordId
+    id: CandidateId
 
 
 # What an upload body may hold; in delete mode a full record names the candidate to delete too.
