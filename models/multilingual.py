@@ -147,9 +147,10 @@ def check_vocabulary(weights: E5Weights, tokenizer_path: Path) -> None:
         raise ValueError(f"{len(pieces)} pieces but only {weights.shape.vocab} embedding rows")
 
 
-def bert_body(weights: E5Weights) -> BertModel:
+def bert_config(weights: E5Weights) -> BertConfig:
+    """The BertModel configuration the weights fit."""
     s = weights.shape
-    config = BertConfig(
+    return BertConfig(
         vocab_size=s.vocab,
         hidden_size=s.hidden,
         num_hidden_layers=s.layers,
@@ -163,7 +164,10 @@ def bert_body(weights: E5Weights) -> BertModel:
         # any shape (see models/encoder.py: load_pretrained).
         attn_implementation="eager",
     )
-    body = BertModel(config, add_pooling_layer=False)
+
+
+def bert_body(weights: E5Weights) -> BertModel:
+    body = BertModel(bert_config(weights), add_pooling_layer=False)
     state = {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in weights.tensors.items()}
     missing, unexpected = body.load_state_dict(state, strict=False)
     missing = [m for m in missing if not m.endswith(("position_ids", "token_type_ids"))]  # buffers, not weights

