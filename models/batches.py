@@ -82,9 +82,13 @@ class BatchPlan:
         self.per_epoch = len(self.epoch(0))
 
     def epoch(self, epoch: int) -> list[list[int]]:
-        if self._cached is None or self._cached[0] != epoch:
-            self._cached = (epoch, self._plan(epoch))
-        return self._cached[1]
+        # One read and one write of the cache: a step tokenised ahead on another
+        # thread (models/live_student.py) may ask for the next epoch meanwhile.
+        cached = self._cached
+        if cached is None or cached[0] != epoch:
+            cached = (epoch, self._plan(epoch))
+            self._cached = cached
+        return cached[1]
 
     def _plan(self, epoch: int) -> list[list[int]]:
         rng = np.random.default_rng((self.seed, epoch))

@@ -22,6 +22,11 @@ from tqdm import tqdm
 
 from core.files import atomic_file
 
+BUDGET_PROBE = 20  # steps timed before a budgeted run sets its total
+# ... after these, which a GPU spends on kernel selection and memory pools: timed
+# with them, the first 20 steps of an H100 run read twice the steady rate.
+BUDGET_WARMUP = 5
+
 
 def lr_factor(step: int, total: int, warmup_fraction: float) -> float:
     """Linear warmup over the first `warmup_fraction` of steps, then linear decay to 0."""
@@ -47,8 +52,16 @@ def run_steps(
     batch_loss: Callable[[int], torch.Tensor],
     checkpoint: Path,
     every: int,
+    budget_s: float | None = None,
 ) -> dict[str, float]:
-    """Optimises batch_loss(step) for steps [resumed step, total_steps); returns the stage's figures."""
+    """Optimises batch_loss(step) for steps [resumed step, total_steps); returns the stage's figures.
+
+    With `budget_s`, `BUDGET_PROBE` steps after the first few time a step and the total
+    shrinks to what fits the budget: on a lent GPU the steps a run gets are
+    bounded by the minutes it holds the machine, not by a count set ahead. The
+    schedule then warms up and decays over the shrunk total, which is
+    checkpointed, so a resume keeps it.
+    """
     for group in optimizer.param_groups:
         group.setdefault("initial_lr", group["lr"])
     step, seconds, losses = 0, 0.0, []
@@ -59,6 +72,7 @@ def run_steps(
         optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"])
         step, seconds, losses = state["step"], state["seconds"], state["losses"]
+        total_steps = state.get("total_steps", total_steps)
         print(f"[{name}] resuming at step {step}/{total_steps}", file=sys.stderr, flush=True)
     resumed_from = step
 
@@ -70,12 +84,13 @@ def run_steps(
             "modules": {key: module.state_dict() for key, module in modules.items()},
             "optimizer": optimizer.state_dict(),
             "rng": torch.get_rng_state(),
+            "total_steps": total_steps,
         }
         save_atomic(state, checkpoint)
 
     for module in modules.values():
         module.train()
-    started = time.perf_counter()
+    started = probe_started = time.perf_counter()
     bar = tqdm(total=total_steps, initial=step, desc=name, unit="step", file=sys.stderr)
     while step < total_steps:
         factor = lr_factor(step, total_steps, warmup_fraction)
@@ -88,6 +103,16 @@ def run_steps(
         losses.append(round(loss.item(), 5))
         step += 1
         bar.update(1)
+        if step == resumed_from + BUDGET_WARMUP:
+            probe_started = time.perf_counter()
+        if budget_s is not None and step == resumed_from + BUDGET_WARMUP + BUDGET_PROBE:
+            per_step = (time.perf_counter() - probe_started) / BUDGET_PROBE
+            fits = step + int((budget_s - (time.perf_counter() - started)) / per_step)
+            if fits < total_steps:
+                print(f"[{name}] {per_step * 1000:.0f} ms a step: {fits} of {total_steps} steps fit {budget_s:.0f} s",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                total_steps = max(step, fits)
+                bar.total = total_steps
         bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
         if step % every == 0 or step == total_steps:
             save()
