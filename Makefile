@@ -21,7 +21,7 @@ ZEROSHOT_E5 := artifacts/bundles/multilingual-e5-small-int8
 MINILM_STUDENT := artifacts/bundles/chitchat-student-l3-int8
 
 .PHONY: help install install-train install-test install-dev run serve index train train-minilm eval ood release judge \
-	baselines multilingual multilingual-tune multilingual-release run-multilingual test test-service test-training \
+	baselines pack train-live multilingual multilingual-tune multilingual-release run-multilingual test test-service test-training \
 	lint format typecheck pytest lock bench bench-profile bench-load bench-ann bench-filters bench-rerank bench-reindex bench-first-run chaos clean \
 	docker
 
@@ -112,6 +112,19 @@ train: baselines  ## teacher -> student -> index -> calibrate -> eval (DEVICE=cu
 	$(PY) -m index --if-missing --bundle $(STUDENT)
 	$(PY) -m models.calibrate --bundle $(STUDENT) --judge $(JUDGE)
 	$(MAKE) eval
+
+# The same student with both teachers running beside it (models/live_student.py): made for a
+# lent GPU, where a teacher tune and 500-750 student steps take 3-4 minutes; on 2 CPU cores a step
+# takes ~30 s. The pack is everything such a machine needs (~52 MiB). STEPS bounds the student's
+# steps, BUDGET_S the seconds it may take (the total shrinks to fit, models/loop.py).
+LIVE_LAYERS ?= 0,1,2,3,5,7,9,10,11
+pack: install-train  ## texts, trimmed tokenizer and both teachers' weights in one folder -> artifacts/pack
+	$(PY) -m models.pack
+
+train-live: pack  ## teacher tune + student with live teachers (DEVICE=cuda STEPS=n BUDGET_S=s) -> int8 bundle
+	$(PY) -m models.live_student --tune-teacher --student $(LIVE_LAYERS)$(if $(BUDGET_S),:$(BUDGET_S)) \
+		$(if $(STEPS),--steps $(STEPS)) $(if $(DEVICE),--device $(DEVICE))
+	$(PY) -m models.live_export --layers $(LIVE_LAYERS) --teacher-out artifacts/live-teacher
 
 # The English-only MiniLM pipeline that made the release before (teacher, 3-layer student, poly head).
 train-minilm: judge  ## train -> index -> calibrate the MiniLM student (PROFILE=full|quick)
