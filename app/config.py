@@ -99,6 +99,13 @@ class Settings(BaseSettings):
     default_k: int = Field(default=5, ge=1, le=50)
     # FAISS hits the poly head rescores; `python -m bench.rerank` measures what the step costs.
     rerank_depth: int = Field(default=50, ge=1, le=200)
+    # Whether a request that does not say (`rerank` absent) is reranked by the poly head.
+    # Off: a rerank is on by default only if it adds at least a point of R@1 both in
+    # domain and out of it (issue #29), and the release's head adds -0.0005 on the
+    # chitchat test (its manifest's eval) and -0.001 on chatterbot English through the API
+    # (0.154 on, 0.155 off; bench.ood, docs/training.md).
+    # Off also spares every request the poly outputs, their cache and the rescoring.
+    rerank_by_default: bool = False
 
     # After SIGTERM the service keeps serving this long with /readyz at 503, so a load
     # balancer takes it out before the listener closes; then it drains (uvicorn's

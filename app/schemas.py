@@ -198,7 +198,9 @@ class ReplyRequest(Options):
         Annotated[list[Strategy], Field(min_length=1, max_length=3, json_schema_extra={"uniqueItems": True})] | None
     ) = Field(default=None, description="Strategies allowed, tried in the fixed order; no repeats.")
     rerank: Annotated[bool, Field(strict=True)] | None = Field(
-        default=None, description="Rerank reply matching with the poly head; on by default when the model has one."
+        default=None,
+        description="Rerank reply matching with the poly head (the model must have one); "
+        "absent: the service's default, off unless CHITCHAT_RERANK_BY_DEFAULT is set.",
     )
     thresholds: ThresholdOverrides | None = Field(
         default=None, description="Override the model's calibrated thresholds for this request."

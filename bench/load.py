@@ -33,6 +33,7 @@ from typing import Any
 
 import httpx
 
+from app.config import Settings
 from bench.latency import free_port
 from core.bundle import RELEASE_BUNDLE, open_bundle
 from core.store import IndexStore
@@ -173,7 +174,9 @@ def markdown(
     version: str,
     spin: bool = False,
 ) -> str:
-    settings = "rerank on, CHITCHAT_ORT_SPIN=1" if spin else "rerank on"
+    # What the served process reads: this environment is passed to it (CHITCHAT_RERANK_BY_DEFAULT).
+    rerank = "rerank on by default" if Settings().rerank_by_default else "rerank off by default"
+    settings = f"{rerank}, CHITCHAT_ORT_SPIN=1" if spin else rerank
     lines = [
         f"`/reply` under wrk on loopback, {cores} cores shared by the server and wrk, {duration} s per row, every "
         "request a multi-turn held-out context whose last turn ends with a tag no other request carries (no "

@@ -50,8 +50,8 @@ def test_reranked_rank_only_reorders_the_top_depth() -> None:
 
 
 @asynccontextmanager
-async def poly_client(artifacts: Path) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(settings_for(artifacts, rerank_depth=20))
+async def poly_client(artifacts: Path, **overrides: object) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(settings_for(artifacts, rerank_depth=20, **overrides))
     async with app.router.lifespan_context(app):
         await loaded(app)
         transport = httpx.ASGITransport(app=app)
@@ -76,9 +76,14 @@ async def test_rerank_orders_the_faiss_top_k_by_the_poly_score(poly_artifacts: P
 
     body = {"context": context, "strategies": ["reply_matching"], "k": 10}
     async with poly_client(poly_artifacts) as client:
-        reranked = (await client.post("/reply", json=body)).json()
-        plain = (await client.post("/reply", json={**body, "rerank": False})).json()
-    assert reranked["reranked"] is True  # on by default: the bundle has a poly head
+        reranked = (await client.post("/reply", json={**body, "rerank": True})).json()
+        plain = (await client.post("/reply", json=body)).json()  # off by default: Settings.rerank_by_default
+        assert (await client.get("/info")).json()["model"]["rerank_by_default"] is False
+    async with poly_client(poly_artifacts, rerank_by_default=True) as client:
+        by_default = (await client.post("/reply", json=body)).json()
+        assert (await client.get("/info")).json()["model"]["rerank_by_default"] is True
+    assert reranked["reranked"] is True and by_default["reranked"] is True
+    assert by_default["candidates"] == reranked["candidates"]
     assert [c["text"] for c in reranked["candidates"]] == expected[:10]
     assert [c["score"] for c in reranked["candidates"]] == sorted(
         (c["score"] for c in reranked["candidates"]), reverse=True

@@ -13,7 +13,7 @@ from core.store import QUERY_INDEX, REACTION_INDEX, REPLY_INDEX
 from core.text import SCRIPT_OF_LANGUAGE
 
 
-def model_info(serving: Serving) -> dict[str, Any]:
+def model_info(serving: Serving, rerank_by_default: bool) -> dict[str, Any]:
     """The bundle, and what this server applies of it."""
     bundle = serving.bundle
     return {
@@ -27,6 +27,8 @@ def model_info(serving: Serving) -> dict[str, Any]:
         "encoder_sessions": serving.encoder.alone_choice or None,
         "max_context_turns": bundle.max_context_turns,
         "poly": asdict(bundle.poly) if bundle.poly else None,
+        # Whether a request that does not say is reranked (Settings.rerank_by_default).
+        "rerank_by_default": rerank_by_default and bundle.poly is not None,
         "language": bundle.language,
         "languages": bundle.languages or [bundle.language],
         "reactions": {

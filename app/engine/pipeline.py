@@ -90,7 +90,8 @@ async def embed(
 class ReplyOptions:
     k: int
     strategies: Sequence[Strategy]
-    rerank: bool | None = None  # None: rerank when the bundle has a poly head
+    rerank: bool | None = None  # None: `rerank_by_default`, where the bundle has a poly head
+    rerank_by_default: bool = False  # Settings.rerank_by_default
     thresholds: dict[str, float] | None = None  # per-request overrides of the bundle's thresholds
     rerank_depth: int = 50  # FAISS hits the poly head rescores
     rule: Filter | None = None  # which candidates may answer: tags, language, ids
@@ -114,7 +115,8 @@ async def reply(runtime: Runtime, turns: Sequence[str], options: ReplyOptions, e
     serving = runtime.current(options.set_name)  # this request's snapshot, start to end
     allowed = options.strategies
     window = list(turns[-serving.bundle.max_context_turns :])  # what the context vector sees
-    rerank = serving.reranker is not None if options.rerank is None else options.rerank
+    asked = options.rerank
+    rerank = options.rerank_by_default and serving.reranker is not None if asked is None else asked
     if rerank and serving.reranker is None:
         raise Unsupported("rerank", f"bundle {serving.bundle.name} has no poly head to rerank with")
     if list(allowed) == ["reaction"] and not serving.reactions_apply(window, options.rule):

@@ -61,7 +61,7 @@ async def info(runtime: RuntimeDep, set: SetQuery = DEFAULT_SET) -> Info:
     candidates = runtime.candidate_set(set)
     serving = runtime.current(set)
     return Info(
-        model=describe.model_info(serving),
+        model=describe.model_info(serving, runtime.settings.rerank_by_default),
         index={"set": set, **describe.index_info(serving, candidates.store.versions())},
         redis=runtime.kv.status,
     )

@@ -25,6 +25,7 @@ async def reply(body: ReplyRequest, runtime: RuntimeDep, request: Request) -> Re
         k=body.k or runtime.settings.default_k,
         strategies=body.strategies or list(STRATEGY_ORDER),
         rerank=body.rerank,
+        rerank_by_default=runtime.settings.rerank_by_default,
         thresholds=body.thresholds.given() if body.thresholds else None,
         rerank_depth=runtime.settings.rerank_depth,
         rule=body.rule(),
