@@ -108,7 +108,7 @@ def calibrate(
     serving = load_serving(settings, IndexStore(settings.indexes_root))
     data = eval_set(examples, seed, "validation", data_path)
     judge = Encoder(judge_dir, open_bundle(judge_dir))
-    features = replay(serving, judge, data.contexts, data.replies, settings.rerank_depth)
+    features = replay(serving, judge, data.contexts, data.replies, settings.rerank_depth, settings.rerank_by_default)
     thresholds, spec, figures = fit(features, reaction_share, off_topic_cost)
     figures.update({"examples": len(data.replies), "seed": seed, "judge": judge.manifest.name})
     update_manifest(bundle_dir, thresholds=thresholds, confidence=spec, calibration=figures)

@@ -62,7 +62,7 @@ def served_report(
         print(f"[eval] no walk figures for {bundle_dir}: {error}")
         return None
     judge = Encoder(judge_dir, open_bundle(judge_dir))
-    features = replay(serving, judge, data.contexts, data.replies, settings.rerank_depth)
+    features = replay(serving, judge, data.contexts, data.replies, settings.rerank_depth, settings.rerank_by_default)
     confidence = features.confidence(serving.confidence)  # [N]
     chosen = walk_sources(features, serving.thresholds, confidence)  # [N]
     bi, reranked = retrieval.bundle_ranks(serving.encoder, data, settings.rerank_depth)

@@ -37,7 +37,7 @@ SOURCES = ("query_similarity", "reply_matching", "reaction")
 @dataclass
 class WalkFeatures:
     query_score: np.ndarray  # [N] cosine of the nearest stored query to the last turn
-    reply_score: np.ndarray  # [N] top reply-matching score, reranked when the bundle has a poly head
+    reply_score: np.ndarray  # [N] top reply-matching score, reranked when the replay reranks
     reply_features: dict[str, np.ndarray]  # name -> [N], what the confidence model reads (`core.confidence`)
     answers: dict[str, list[str]]  # source -> [N] the text it would serve
     judged: dict[str, np.ndarray]  # source -> [N] judge cosine between its answer and the true reply
@@ -78,14 +78,20 @@ class WalkFeatures:
 
 
 def replay(
-    serving: Serving, judge: Encoder, contexts: list[list[str]], replies: list[str], rerank_depth: int = 50
+    serving: Serving,
+    judge: Encoder,
+    contexts: list[list[str]],
+    replies: list[str],
+    rerank_depth: int = 50,
+    rerank: bool = False,
 ) -> WalkFeatures:
-    """Runs each strategy on each turn with the serving code itself."""
+    """Runs each strategy on each turn with the serving code itself; `rerank`: as the
+    service's default (Settings.rerank_by_default), so that what is calibrated is what serves."""
     encoder = serving.encoder
     last = encoder.encode([c[-1] for c in contexts], side="context")  # [N, D]
     joined = [encoder.join_context(c) for c in contexts]
     poly = None
-    if serving.reranker is not None:
+    if rerank and serving.reranker is not None:
         context, poly = encoder.encode_with_poly(joined)  # [N, D], [N, m, D]
     else:
         context = encoder.encode(joined, side="context")  # [N, D]
