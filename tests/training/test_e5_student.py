@@ -9,8 +9,7 @@ import torch.nn.functional as F
 from transformers import BertConfig, BertModel
 
 from models.e5_student import StudentConfig, relation_distillation, student_weights
-from models.e5_weights import BertShape, E5Weights
-from models.multilingual import bert_body
+from models.e5_weights import BertShape, E5Weights, bert_body
 from models.vocab import TrimmedVocabulary
 
 pytestmark = pytest.mark.training

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers import BertConfig, BertModel
+from transformers import BertConfig
 
-from models.encoder import minilm_path
+from models.encoder import minilm_path, tiny_body
 from models.live_student import (
     LiveConfig,
     Pack,
@@ -96,18 +96,8 @@ def test_a_budget_cuts_the_steps_to_what_fits_and_a_resume_keeps_the_cut(tmp_pat
 
 
 def _tiny_bert(layers: int, vocab: int, seed: int) -> tuple[BertConfig, dict[str, np.ndarray]]:
-    torch.manual_seed(seed)
-    config = BertConfig(
-        vocab_size=vocab,
-        hidden_size=HIDDEN,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=160,
-        attn_implementation="eager",
-    )
-    body = BertModel(config, add_pooling_layer=False)
-    return config, {k: v.numpy().copy() for k, v in body.state_dict().items() if v.is_floating_point()}
+    body = tiny_body(vocab, HIDDEN, layers, seed)
+    return body.config, {k: v.numpy().copy() for k, v in body.state_dict().items() if v.is_floating_point()}
 
 
 @pytest.fixture(scope="module")
@@ -137,8 +127,10 @@ def tiny_pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
     config, minilm = _tiny_bert(2, vocab, 1)
     config.to_json_file(str(folder / MINILM_DIR / "config.json"))
     np.savez_compressed(folder / MINILM_FILE, **to_int8(minilm))
-    shape = {"hidden": HIDDEN, "layers": 4, "heads": 4, "intermediate": 64, "vocab": vocab}
-    shape |= {"max_positions": 160, "type_vocab": 2, "eps": 1e-12}
+    config, _ = _tiny_bert(1, vocab, 0)  # the shape tiny_body gives, read back
+    shape = {"hidden": HIDDEN, "layers": 4, "heads": config.num_attention_heads, "vocab": vocab}
+    shape |= {"intermediate": config.intermediate_size, "max_positions": config.max_position_embeddings}
+    shape |= {"type_vocab": config.type_vocab_size, "eps": config.layer_norm_eps}
     meta = {"e5_shape": shape, "teacher": {"source": "random"}, "separator": " | ", "max_context_turns": 3}
     (folder / "meta.json").write_text(json.dumps(meta))
     return folder
