@@ -69,11 +69,19 @@ class Signature:
     @cached_property
     def trigrams(self) -> frozenset[str]:
         joined = " ".join(self.words)
-        return frozenset(joined[i : i + 3] for i in range(max(0, len(joined) - 2)))
+        return frozenset([joined[i : i + 3] for i in range(len(joined) - 2)])
+
+    @property
+    def most_trigrams(self) -> int:
+        """An upper bound on len(trigrams), without building them: one per position."""
+        return max(0, sum(map(len, self.words)) + len(self.words) - 3)
 
 
 def _jaccard(a: frozenset[str] | set[str], b: frozenset[str] | set[str]) -> float:
-    return len(a & b) / len(a | b) if a or b else 1.0
+    if not a and not b:
+        return 1.0
+    shared = len(a & b)
+    return shared / (len(a) + len(b) - shared)  # the union's size, without building it
 
 
 def _similar(a: frozenset[str], b: frozenset[str], at_least: float) -> bool:
@@ -91,7 +99,12 @@ def near_copy(a: Signature, b: Signature) -> bool:
         return True
     if min(len(a.words), len(b.words)) < MIN_WORDS_FOR_FUZZY:
         return False
-    return _similar(a.word_set, b.word_set, WORD_JACCARD) or _similar(a.trigrams, b.trigrams, TRIGRAM_JACCARD)
+    if _similar(a.word_set, b.word_set, WORD_JACCARD):
+        return True
+    # `a` is the candidate, whose trigrams are built per hit; a turn's are built once a request.
+    if a.most_trigrams < TRIGRAM_JACCARD * len(b.trigrams):
+        return False  # too short to share enough trigrams: the size check of `_similar`, from a bound
+    return _similar(a.trigrams, b.trigrams, TRIGRAM_JACCARD)
 
 
 # The writing system each reaction language is written in. Scripts, not
