@@ -74,6 +74,11 @@ class EngineCollector(Collector):
         yield CounterMetricFamily("chitchat_cache_hits", "Embedding cache hits", value=runtime.cache.hits)
         yield CounterMetricFamily("chitchat_cache_misses", "Embedding cache misses", value=runtime.cache.misses)
         yield CounterMetricFamily(
+            "chitchat_cache_shared_writes",
+            "Vectors written to the shared cache: those asked for a second time",
+            value=runtime.cache.shared_writes,
+        )
+        yield CounterMetricFamily(
             "chitchat_cache_skipped_writes",
             "Shared-cache writes skipped: too many already in flight",
             value=runtime.cache.skipped_writes,

@@ -8,7 +8,7 @@ import weakref
 import numpy as np
 import pytest
 
-from app.engine.cache import MAX_PENDING_WRITES, EmbeddingCache
+from app.engine.cache import LOCAL_ONLY, MAX_PENDING_WRITES, SHARED_MAX_CHARS, EmbeddingCache
 from app.engine.kv import Guarded, MemoryKV, open_store
 
 pytestmark = pytest.mark.anyio
@@ -78,11 +78,63 @@ def shared_cache(store: HeldStore) -> EmbeddingCache:
 async def test_a_shared_write_never_holds_up_the_request() -> None:
     store = HeldStore()
     lru = shared_cache(store)
-    await lru.put_many({"ctx:0": CONTEXT})  # returns while the store's write is still held
-    assert store.writes == [] and (await lru.get_many(["ctx:0"], CONTEXT.size))[0] is not None
+    await lru.put_many({"ctx:0": CONTEXT})
+    found = await lru.get_many(["ctx:0"], CONTEXT.size)  # asked again: shared, and returns while that is held
+    assert store.writes == [] and found[0] is not None
     store.release.set()
     await lru.flush()
     assert store.writes == [["ctx:0"]]
+
+
+async def test_a_text_is_shared_once_it_is_asked_for_a_second_time_and_only_once() -> None:
+    store = HeldStore()
+    store.release.set()
+    lru = shared_cache(store)
+    key = lru.key("checksum", "context", "hi there")
+    await lru.put_many({key: CONTEXT})  # encoded on its first ask: a one-off, as far as anyone knows
+    await lru.flush()
+    assert store.writes == []
+    for _ in range(3):
+        assert (await lru.get_many([key], CONTEXT.size))[0] is not None
+    await lru.flush()
+    assert store.writes == [[key]] and lru.shared_writes == 1
+
+
+async def test_a_text_evicted_and_asked_again_is_shared() -> None:
+    store = HeldStore()
+    store.release.set()
+    lru = EmbeddingCache(Guarded(store, retry_after_s=1.0), local_entries=0, ttl_s=60)  # keeps nothing in process
+    key = lru.key("checksum", "context", "lol")
+    await lru.put_many({key: CONTEXT})
+    await lru.put_many({key: CONTEXT})  # not found anywhere, encoded again: the second ask
+    await lru.flush()
+    assert store.writes == [[key]]
+
+
+class CountingStore(MemoryKV):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lookups: list[list[str]] = []
+
+    async def get_many(self, keys: list[str]) -> list[bytes | None]:
+        self.lookups.append(keys)
+        return await super().get_many(keys)
+
+
+async def test_a_long_text_never_goes_near_the_shared_store() -> None:
+    """What people repeat is short; a long text's lookup would be a round trip on the request's path for nothing."""
+    store = CountingStore()
+    lru = EmbeddingCache(Guarded(store, retry_after_s=1.0), local_entries=0, ttl_s=60)
+    long = lru.key("checksum", "context", "x" * (SHARED_MAX_CHARS + 1))
+    short = lru.key("checksum", "context", "x" * SHARED_MAX_CHARS)
+    assert long.startswith(LOCAL_ONLY) and not short.startswith(LOCAL_ONLY)
+    for _ in range(3):
+        assert await lru.get_many([long], CONTEXT.size) == [None]
+        await lru.put_many({long: CONTEXT})
+    await lru.flush()
+    assert store.lookups == [] and lru.shared_writes == 0
+    await lru.get_many([long, short], CONTEXT.size)
+    assert store.lookups == [[short]]
 
 
 async def test_unshared_vectors_stay_in_the_process() -> None:
@@ -99,6 +151,7 @@ async def test_writes_past_the_in_flight_bound_are_skipped_and_counted() -> None
     lru = shared_cache(store)
     for i in range(MAX_PENDING_WRITES + 3):
         await lru.put_many({f"ctx:{i}": CONTEXT})
+        await lru.get_many([f"ctx:{i}"], CONTEXT.size)  # asked again: to be shared
     assert lru.skipped_writes == 3
     store.release.set()
     await lru.flush()

@@ -106,6 +106,9 @@ async def test_embeddings_are_cached_in_redis_under_the_model_checksum(
     async with make_client(redis_url=REDIS_URL, cache_local_entries=0) as client:
         checksum = (await client.get("/info")).json()["model"]["checksum"]
         await client.post("/similar", json={"text": "Where  are you FROM?"})
+        await asyncio.sleep(0.2)
+        assert clean_redis.keys("emb:*") == []  # asked once: for all anyone knows, a one-off
+        await client.post("/similar", json={"text": "Where  are you FROM?"})
         keys = [k.decode() for k in await written(clean_redis, "emb:*")]  # the write runs after the answer
         assert len(keys) == 1 and keys[0].startswith(f"emb:{checksum[:16]}:context:")
         assert len(clean_redis.get(keys[0]) or b"") == 4 * 32  # tiny model: 32 float32 dims

@@ -5,9 +5,17 @@ another, and the normalised text, so "Hi  there" and "Hi there" share one.
 "Hi" and "hi" share one only for a model whose tokenizer lower-cases: a cased
 one (XLM-R, the multilingual bundle) sees two different inputs.
 
-Writes to the shared store leave the request's path: a request keeps its
-vectors in the process and goes on, and the Redis write runs as a task of
-its own (a one-off context, the common case, is never read again).
+Only what is likely to be asked again is shared. Most texts are one-offs: a
+conversation never repeats its joined turns, and what people do repeat is
+short ("hi", "lol", "what about you?"). Writing every vector to Redis cost
+the event loop more than any other step (bench/profile.py), and looking
+every text up there put a round trip on each request's path for a hit rate
+under 1%. So a text longer than SHARED_MAX_CHARS stays in the process (its
+key says so, "local:..."), and a short one goes to the shared store when this
+process is asked for it a second time (a local hit, or a miss after
+eviction). `python -m bench.cache_policy` measures both policies on replayed
+conversations. Shared writes leave the request's path: they run as tasks of
+their own.
 """
 
 from __future__ import annotations
@@ -27,13 +35,29 @@ log = logging.getLogger(__name__)
 # Shared-store writes in flight. Past it a write is skipped and counted: a
 # Redis slower than the traffic must not grow a queue of vectors in memory.
 MAX_PENDING_WRITES = 64
+# In 27,335 replayed requests of held-out human conversations, every text
+# asked for more than once was at most 37 characters long (bench.cache_policy).
+SHARED_MAX_CHARS = 40
+LOCAL_ONLY = "local:"  # the prefix of a key the shared store never sees
+# Keys asked for once and not shared yet, at least this many kept (or the local
+# LRU's size, if larger): a text asked again within that many others is shared.
+MIN_ASKED_ONCE = 16_384
 
 
 class EmbeddingCache:
     def __init__(
-        self, store: Guarded, local_entries: int, ttl_s: int, lowercase: bool = False, local_bytes: int = 64 << 20
+        self,
+        store: Guarded,
+        local_entries: int,
+        ttl_s: int,
+        lowercase: bool = False,
+        local_bytes: int = 64 << 20,
+        share_every_miss: bool = False,
     ) -> None:
         self.store = store
+        # True: every encoded vector, whatever its length, goes to the shared store, and every
+        # miss is looked up there: the policy before this one, for `bench.cache_policy`.
+        self.share_every_miss = share_every_miss
         self.lowercase = lowercase  # the served model's tokenizer lower-cases (`Encoder.lowercases`)
         self.local_entries = local_entries
         # Entries differ 16-fold in size (a context vector: 1.5 kB; its poly vectors, m = 16: 24 kB),
@@ -45,12 +69,20 @@ class EmbeddingCache:
         self.hits = 0
         self.misses = 0
         self.skipped_writes = 0  # shared-store writes dropped at MAX_PENDING_WRITES
+        self.shared_writes = 0  # vectors sent to the shared store
+        self.shared_reads = 0  # lookups that waited for the shared store
         self._writes: set[asyncio.Task[None]] = set()
+        # Keys this process was asked for once, oldest first: not in the shared store (by us).
+        self._asked_once: OrderedDict[str, None] = OrderedDict()
+        self._asked_once_max = max(MIN_ASKED_ONCE, local_entries)
 
     def key(self, model_checksum: str, kind: str, text: str) -> str:
-        """kind: what the vector is ("context", "reply", "poly"): one text has several."""
-        digest = hashlib.blake2b(normalize(text, self.lowercase).encode(), digest_size=16).hexdigest()
-        return f"emb:{model_checksum[:16]}:{kind}:{digest}"
+        """kind: what the vector is ("context", "reply", "poly"): one text has several.
+        A text longer than SHARED_MAX_CHARS gets a LOCAL_ONLY key."""
+        normalized = normalize(text, self.lowercase)
+        digest = hashlib.blake2b(normalized.encode(), digest_size=16).hexdigest()
+        scope = "emb:" if len(normalized) <= SHARED_MAX_CHARS or self.share_every_miss else LOCAL_ONLY
+        return f"{scope}{model_checksum[:16]}:{kind}:{digest}"
 
     async def get_many(self, keys: list[str], sizes: int | list[int], shared: bool = True) -> list[np.ndarray | None]:
         """Each hit is a float32 vector of its key's size (one size for all, or one per key).
@@ -58,8 +90,14 @@ class EmbeddingCache:
         shared=False: only what this process keeps, for vectors `put_many` never shares."""
         expected = [sizes] * len(keys) if isinstance(sizes, int) else sizes
         found: list[np.ndarray | None] = [self._local.get(k) for k in keys]
-        remote = [i for i, v in enumerate(found) if v is None]
+        if shared:  # a local hit of a text asked once before: asked again, so worth sharing
+            again = {k: v for k, v in zip(keys, found, strict=True) if v is not None and k in self._asked_once}
+            for k in again:
+                del self._asked_once[k]
+            self._share_in_background(again)
+        remote = [i for i, v in enumerate(found) if v is None and not keys[i].startswith(LOCAL_ONLY)]
         if remote and shared and self.store.status != "disabled":
+            self.shared_reads += 1
             values = await self.store.get_many([keys[i] for i in remote])
             for i, raw in zip(remote, values, strict=True):
                 if raw is not None and len(raw) == 4 * expected[i]:
@@ -74,14 +112,33 @@ class EmbeddingCache:
         return found
 
     async def put_many(self, items: dict[str, np.ndarray], share: bool = True) -> None:
-        """Keeps the vectors here and, with `share`, writes them to the shared store in the background."""
+        """Keeps freshly encoded vectors here. With `share`, those whose text was asked for
+        before (and evicted since) go to the shared store in the background; the others wait
+        for a second ask (`get_many`)."""
         for key, vector in items.items():
             self._remember(key, vector)
-        if not share or not items or self.store.status == "disabled":
+        if not share:
+            return
+        again = {}
+        for key, vector in items.items():
+            if key.startswith(LOCAL_ONLY):
+                continue
+            if key in self._asked_once or self.share_every_miss:
+                self._asked_once.pop(key, None)
+                again[key] = vector
+            else:
+                self._asked_once[key] = None
+        while len(self._asked_once) > self._asked_once_max:
+            self._asked_once.popitem(last=False)
+        self._share_in_background(again)
+
+    def _share_in_background(self, items: dict[str, np.ndarray]) -> None:
+        if not items or self.store.status == "disabled":
             return
         if len(self._writes) >= MAX_PENDING_WRITES:
             self.skipped_writes += 1
             return
+        self.shared_writes += len(items)
         payload = {k: v.astype(np.float32).tobytes() for k, v in items.items()}
         task = asyncio.get_running_loop().create_task(self._share(payload))
         self._writes.add(task)
