@@ -16,6 +16,7 @@ import onnxruntime as ort
 from tokenizers import Tokenizer
 
 from core.bundle import ENCODER_FILE, TOKENIZER_FILE, BundleManifest
+from core.turn_tokens import TurnTokenizer
 
 Side = Literal["context", "reply"]
 
@@ -87,6 +88,7 @@ class Tokenizers:
     # Whether "Hi" and "hi" are one input to the model (MiniLM's WordPiece
     # lower-cases, XLM-R's SentencePiece does not): what cache keys may fold.
     lowercases: bool
+    turns: TurnTokenizer | None = None  # contexts assembled turn by turn, where that is exact
 
     @classmethod
     def load(cls, bundle_dir: Path, manifest: BundleManifest) -> Tokenizers:
@@ -102,7 +104,7 @@ class Tokenizers:
             context = _tokenizer(path, manifest.max_context_tokens, truncate_from="left")
         reply = _tokenizer(path, manifest.max_reply_tokens, truncate_from="right")
         lowercases = reply.normalizer is not None and reply.normalizer.normalize_str("Hi") == "hi"
-        return cls({"context": context, "reply": reply}, head, lowercases)
+        return cls({"context": context, "reply": reply}, head, lowercases, TurnTokenizer.for_bundle(context, manifest))
 
 
 class Encoder:
@@ -184,6 +186,8 @@ class Encoder:
 
     def tokenize(self, texts: Sequence[str], side: Side) -> list[list[int]]:
         """Token ids per text, prefixed and truncated as the side requires."""
+        if side == "context" and self.tokenizers.turns is not None:
+            return [self.tokenizers.turns.ids(t) for t in texts]
         ids = [e.ids for e in self.tokenizers.by_side[side].encode_batch(self.prefixed(texts, side))]
         limit = self.manifest.max_context_tokens
         if side == "context" and self.manifest.query_prefix:
