@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
@@ -151,6 +152,18 @@ _ENGINE_KINDS: dict[type[Exception], ErrorKind] = {
 }
 
 
+def _allowed(app: FastAPI, path: str, given: str) -> list[str]:
+    """The methods of every route whose template matches `path`, and those already `given`."""
+    methods = {m.strip() for m in given.split(",") if m.strip()}
+    for template, item in app.openapi().get("paths", {}).items():
+        if re.fullmatch(re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template)), path):
+            methods |= {m.upper() for m in item if m.upper() in _HTTP_METHODS}
+    return sorted(methods)
+
+
+_HTTP_METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
+
+
 def install(app: FastAPI) -> None:
     async def api_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ApiError)
@@ -160,15 +173,19 @@ def install(app: FastAPI) -> None:
         assert isinstance(exc, RequestValidationError)
         return error_response(from_validation(exc))
 
-    async def http_error(_: Request, exc: Exception) -> JSONResponse:
+    async def http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         if exc.status_code == 400:
             # FastAPI's only 400: a body it could not parse at all (invalid UTF-8,
             # JSON nested too deeply). Like any other bad body, the field is "body".
             return error_response(ApiError(ErrorKind.validation, f"body: {exc.detail}", "body"))
         kind = _HTTP_KINDS.get(exc.status_code, ErrorKind.validation if exc.status_code < 500 else ErrorKind.internal)
-        # Starlette's 405 names the methods the route does take in Allow (RFC 9110 15.5.6).
-        return error_response(ApiError(kind, str(exc.detail)), exc.headers)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405 and "Allow" in headers:
+            # Allow lists what the path takes (RFC 9110 15.5.6); Starlette names only the first
+            # route that matched it, and POST and PUT on one path are two routes.
+            headers["Allow"] = ", ".join(_allowed(request.app, request.url.path, headers["Allow"]))
+        return error_response(ApiError(kind, str(exc.detail)), headers)
 
     async def engine_error(_: Request, exc: Exception) -> JSONResponse:
         return error_response(ApiError(_ENGINE_KINDS[type(exc)], str(exc), getattr(exc, "field", None)))

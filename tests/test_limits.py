@@ -120,6 +120,13 @@ async def test_unknown_route_and_method_use_the_same_shape(client: httpx.AsyncCl
     assert wrong.headers["allow"] == "POST"  # what a client may send instead
 
 
+async def test_a_405_allows_every_method_of_the_path_not_only_its_first_route(client: httpx.AsyncClient) -> None:
+    """POST and PUT on one path are two routes; Starlette's Allow named only the first (schemathesis ST205)."""
+    wrong = await client.request("OPTIONS", "/admin/sets/english/candidates")
+    assert wrong.status_code == 405 and wrong.json()["error"]["kind"] == "method_not_allowed"
+    assert wrong.headers["allow"] == "POST, PUT"
+
+
 async def test_text_in_any_script_with_emoji_and_line_breaks_is_fine(client: httpx.AsyncClient) -> None:
     body = {"context": ["안녕하세요!\n오늘 뭐 해?", "je suis là 🙂\tça va", "zero\u200bwidth inside is fine"]}
     assert (await client.post("/reply", json=body)).status_code == 200
