@@ -138,13 +138,15 @@ def reply_rows_by_id(index: IndexVersion) -> dict[str, int]:
 
 
 def search(
-    index: IndexVersion, side: Side, queries: np.ndarray, k: int, only: Admitted | None = None
+    index: IndexVersion, side: Side, queries: np.ndarray, k: int, only: Admitted | None = None, narrow: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
     """queries [Q, D] -> (scores [Q, k], rows [Q, k] of the side's index, -1 past the last hit),
-    among the rows `only` admits: as `/reply` searches, and as bench/filters.py measures it."""
+    among the rows `only` admits: as `/reply` searches, and as bench/filters.py measures it.
+    `narrow`: only the top hit matters, and only if it is a near copy (`ann.narrow_search`);
+    a filtered search is never narrowed."""
     whole = index.reply_index if side == "replies" else index.query_index
     if only is None:
-        return ann.search(whole, queries, k)
+        return ann.narrow_search(whole, queries, k) if narrow else ann.search(whole, queries, k)
     subset = exact_subset(index, only, side)
     if subset is not None:
         return subset.search(queries, k)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -124,10 +125,10 @@ class Scored:
 
 
 def _search(
-    version: IndexVersion, side: Side, vector: np.ndarray, k: int, only: Admitted | None = None
+    version: IndexVersion, side: Side, vector: np.ndarray, k: int, only: Admitted | None = None, narrow: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
     # vector: [D] -> scores [k], rows [k] of the side's index, among the rows `only` admits
-    scores, rows = filters.search(version, side, vector[None, :], k, only)
+    scores, rows = filters.search(version, side, vector[None, :], k, only, narrow)
     keep = rows[0] >= 0
     return scores[0][keep], rows[0][keep]
 
@@ -215,8 +216,10 @@ def _query_hits(
     script: str | None,
     laps: Laps | None,
     only: Admitted | None,
+    narrow: bool = False,
 ) -> list[Scored]:
-    """`query_similarity`'s hits, best first, before `_distinct` drops repeats and what `avoid` blocks."""
+    """`query_similarity`'s hits, best first, before `_distinct` drops repeats and what `avoid` blocks.
+    `narrow`: from the cheapest search, whose first hit only says whether query similarity answers."""
     index = serving.index
     exact = index.query_rows_by_text.get(normalize(text), [])
     if only is not None:
@@ -225,7 +228,7 @@ def _query_hits(
     # dropped afterwards, so over-fetch.
     with lap(laps, "search_queries"):
         depth = 2 * k + len(avoid) + OVERFETCH
-        scores, rows = _search(index, "queries", query_vector, depth, only)
+        scores, rows = _search(index, "queries", query_vector, depth, only, narrow)
     ranked = [(1.0, row) for row in exact] + [
         (score, row) for score, row in zip(scores.tolist(), rows.tolist(), strict=True) if row not in exact
     ]
@@ -357,16 +360,18 @@ def walk(serving: Serving, request: WalkRequest) -> Answer | None:
     only = admitted(serving.index, rule) if rule else None
     can_react = "reaction" in allowed and serving.reactions_apply(request.window, rule)
     script = script_of(request.window)
-    query_hits: list[Scored] = []  # the fallback, once `_distinct`: rarely needed, so not checked till then
+    query_hits: Callable[[], list[Scored]] | None = None  # the fallback's: rarely needed, so searched only then
     if "query_similarity" in allowed and request.query_vector is not None:
-        query_hits = _query_hits(
-            serving, request.query_vector, k, request.avoid, request.window[-1], script, request.laps, only
+        query_hits = partial(
+            _query_hits, serving, request.query_vector, k, request.avoid, request.window[-1], script, request.laps, only
         )
-        # It answers on a near-exact match (7% of test turns): the first hit `avoid` lets through decides.
-        best = next((h for h in query_hits if not request.avoid.blocks(h.text)), None)
+        # It answers on a near copy of a stored query (7% of test turns), which the first hit `avoid` lets
+        # through of the narrowest search tells; only then do its hits need the full search.
+        best = next((h for h in query_hits(narrow=True) if not request.avoid.blocks(h.text)), None)
         if best is not None and best.score >= thresholds.query_similarity:
-            hits = _distinct(query_hits, k, request.avoid)
-            return Answer(hits[0], hits)
+            hits = _distinct(query_hits(), k, request.avoid)
+            if hits and hits[0].score >= thresholds.query_similarity:
+                return Answer(hits[0], hits)
     matched: list[Scored] = []
     confidence = None
     vector = request.context_vector
@@ -396,7 +401,7 @@ def walk(serving: Serving, request: WalkRequest) -> Answer | None:
             return Answer(reactions[0], shown, False, confidence)
     if matched:
         return Answer(matched[0], matched[:k], request.poly_vectors is not None, confidence)
-    fallback = _distinct(query_hits, k, request.avoid)
+    fallback = _distinct(query_hits(), k, request.avoid) if query_hits else []
     return Answer(fallback[0], fallback) if fallback else None
 
 

@@ -60,6 +60,29 @@ def test_large_sets_reach_the_recall_target_against_exact_search(structure: ann.
     assert ann.recall_at_k(index, queries, truth) >= ann.RECALL_TARGET - 0.01
 
 
+@pytest.mark.parametrize("structure", ["graph", "inverted"])
+def test_a_narrow_search_finds_a_near_copy_first_as_the_full_search_does(structure: ann.Structure) -> None:
+    """Query similarity answers only on a near copy of a stored query (cosine ~0.998): the
+    fewest probes must find it, or a turn it should answer goes to reply matching."""
+    vectors = sentence_like(ann.EXACT_BELOW + 5000)
+    index, _ = ann.build(vectors, structure)
+    rng = np.random.default_rng(1)
+    rows = rng.choice(len(vectors), size=300, replace=False)
+    near = vectors[rows] + 0.002 * rng.normal(size=(300, vectors.shape[1])).astype(np.float32)
+    near /= np.linalg.norm(near, axis=1, keepdims=True)  # [300, D], cosine ~0.998 to their rows
+    narrow_scores, narrow_rows = ann.narrow_search(index, near, 5)
+    full_scores, full_rows = ann.search(index, near, 5)
+    assert (narrow_rows[:, 0] == rows).mean() >= 0.99 and (full_rows[:, 0] == rows).mean() >= 0.99
+    np.testing.assert_array_equal(narrow_rows[:, 0], full_rows[:, 0])
+    np.testing.assert_allclose(narrow_scores[:, 0], full_scores[:, 0], atol=1e-6)
+
+
+def test_a_narrow_search_of_a_flat_index_is_the_exact_search() -> None:
+    vectors = sentence_like(500)
+    index = ann.exact(vectors)
+    np.testing.assert_array_equal(ann.narrow_search(index, vectors[:20], 10)[1], index.search(vectors[:20], 10)[1])
+
+
 def test_an_ann_that_misses_the_recall_target_falls_back_to_exact_search(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ann, "EF_SEARCH_CHOICES", (1,))  # a greedy walk on structureless data
     index, report = ann.build(unit_rows(ann.EXACT_BELOW + 5000, 32))  # uniform on the sphere
