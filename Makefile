@@ -22,7 +22,7 @@ MINILM_STUDENT := artifacts/bundles/chitchat-student-l3-int8
 
 .PHONY: help install install-train install-test install-dev run serve index train train-minilm eval ood release judge \
 	baselines pack train-live multilingual multilingual-tune multilingual-release run-multilingual test test-service test-training \
-	lint format typecheck pytest lock bench bench-profile bench-load bench-ann bench-filters bench-rerank bench-reindex bench-first-run chaos clean \
+	lint format typecheck pytest lock bench bench-profile bench-load bench-ann bench-filters bench-cache bench-narrow bench-rerank bench-reindex bench-first-run chaos clean \
 	docker
 
 help:
@@ -198,6 +198,12 @@ bench-ann: install index  ## FAISS index choices: recall against exact search, s
 
 bench-filters: install index  ## filtered search at 1/10/50% selectivity: recall, /reply p50 -> reports/filters.{md,json}
 	$(PY) -m bench.filters
+
+bench-cache: install  ## the embedding cache's sharing policies on replayed conversations -> reports/cache_policy.{md,json}
+	$(PY) -m bench.cache_policy
+
+bench-narrow: install index  ## query similarity's narrow probe against its full search -> reports/narrow_search.{md,json}
+	$(PY) -m bench.narrow_search
 
 chaos: install-dev index  ## faults, overload and hostile input -> reports/chaos.{md,json} (about 17 min)
 	$(PY) -m bench.chaos
