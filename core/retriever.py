@@ -365,8 +365,8 @@ def walk(serving: Serving, request: WalkRequest) -> Answer | None:
         query_hits = partial(
             _query_hits, serving, request.query_vector, k, request.avoid, request.window[-1], script, request.laps, only
         )
-        # It answers on a near copy of a stored query (7% of test turns), which the first hit `avoid` lets
-        # through of the narrowest search tells; only then do its hits need the full search.
+        # It answers only on a near copy of a stored query (6-7% of test turns), which the narrowest
+        # search finds when there is one; only then do its hits need the full search.
         best = next((h for h in query_hits(narrow=True) if not request.avoid.blocks(h.text)), None)
         if best is not None and best.score >= thresholds.query_similarity:
             hits = _distinct(query_hits(), k, request.avoid)

@@ -117,7 +117,7 @@ class EmbeddingCache:
         for a second ask (`get_many`)."""
         for key, vector in items.items():
             self._remember(key, vector)
-        if not share:
+        if not share or self.store.status == "disabled":  # no shared store to count asks for
             return
         again = {}
         for key, vector in items.items():
