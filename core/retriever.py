@@ -217,9 +217,11 @@ def _query_hits(
     laps: Laps | None,
     only: Admitted | None,
     narrow: bool = False,
+    at_least: float | None = None,
 ) -> list[Scored]:
     """`query_similarity`'s hits, best first, before `_distinct` drops repeats and what `avoid` blocks.
-    `narrow`: from the cheapest search, whose first hit only says whether query similarity answers."""
+    `narrow`: from the cheapest search, whose first hit only says whether query similarity answers.
+    `at_least`: none at all unless the best score reaches it (no hit after it scores higher)."""
     index = serving.index
     exact = index.query_rows_by_text.get(normalize(text), [])
     if only is not None:
@@ -229,6 +231,8 @@ def _query_hits(
     with lap(laps, "search_queries"):
         depth = 2 * k + len(avoid) + OVERFETCH
         scores, rows = _search(index, "queries", query_vector, depth, only, narrow)
+    if at_least is not None and not exact and not (len(scores) and scores[0] >= at_least):
+        return []
     ranked = [(1.0, row) for row in exact] + [
         (score, row) for score, row in zip(scores.tolist(), rows.tolist(), strict=True) if row not in exact
     ]
@@ -366,9 +370,12 @@ def walk(serving: Serving, request: WalkRequest) -> Answer | None:
             _query_hits, serving, request.query_vector, k, request.avoid, request.window[-1], script, request.laps, only
         )
         # It answers only on a near copy of a stored query (6-7% of test turns), which the narrowest
-        # search finds when there is one; only then do its hits need the full search.
-        best = next((h for h in query_hits(narrow=True) if not request.avoid.blocks(h.text)), None)
-        if best is not None and best.score >= thresholds.query_similarity:
+        # search finds when there is one; only then do its hits need the full search. The hits come
+        # best first, so the first under the threshold ends the look: no hit after it could answer.
+        at_least = thresholds.query_similarity
+        narrow = query_hits(narrow=True, at_least=at_least)
+        best = next((h for h in narrow if h.score < at_least or not request.avoid.blocks(h.text)), None)
+        if best is not None and best.score >= at_least:
             hits = _distinct(query_hits(), k, request.avoid)
             if hits and hits[0].score >= thresholds.query_similarity:
                 return Answer(hits[0], hits)

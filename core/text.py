@@ -11,8 +11,6 @@ import re
 import string
 import unicodedata
 from collections.abc import Sequence
-from dataclasses import dataclass
-from functools import cached_property
 
 _WHITESPACE = re.compile(r"\s+")
 _WORDS = re.compile(r"\w+")
@@ -45,14 +43,29 @@ def normalize(text: str, lowercase: bool = True) -> str:
     return _WHITESPACE.sub(" ", text.lower() if lowercase else text).strip()
 
 
-@dataclass(frozen=True)
 class Signature:
     """What the echo check compares: the words, and character trigrams for typos.
 
     The retriever checks every hit it returns against every turn, so the sets
-    are built once per text, the trigrams only when a check gets that far."""
+    are built once per text, the trigrams only when a check gets that far.
+    (Cached by hand: functools.cached_property takes a lock on every first
+    use in Python 3.11, a tenth of a check's cost.)"""
 
-    words: tuple[str, ...]
+    __slots__ = ("_trigrams", "_word_set", "words")
+
+    def __init__(self, words: tuple[str, ...]) -> None:
+        self.words = words
+        self._word_set: frozenset[str] | None = None
+        self._trigrams: frozenset[str] | None = None
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Signature) and self.words == other.words
+
+    def __hash__(self) -> int:
+        return hash(self.words)
+
+    def __repr__(self) -> str:
+        return f"Signature({self.words!r})"
 
     @classmethod
     def of(cls, text: str) -> Signature:
@@ -63,14 +76,19 @@ class Signature:
         """`of` for a text already through `normalize`: the echo check has it at hand."""
         return cls(tuple(_WORDS.findall(normalized)))
 
-    @cached_property
+    @property
     def word_set(self) -> frozenset[str]:
-        return frozenset(self.words)
+        if self._word_set is None:
+            self._word_set = frozenset(self.words)
+        return self._word_set
 
-    @cached_property
+    @property
     def trigrams(self) -> frozenset[str]:
-        joined = " ".join(self.words)
-        return frozenset([joined[i : i + 3] for i in range(len(joined) - 2)])
+        if self._trigrams is None:
+            joined = " ".join(self.words)
+            # The three shifted copies end together at the last trigram: strict=False is the point.
+            self._trigrams = frozenset(map("".join, zip(joined, joined[1:], joined[2:], strict=False)))
+        return self._trigrams
 
     @property
     def most_trigrams(self) -> int:
