@@ -5,7 +5,7 @@
 On a machine whose speed drifts between runs minutes apart, two separate
 `bench.profile` runs compare the machine as much as the code. This starts
 both trees' services at once (each on its own Redis database, both on this
-tree's artifacts), then alternates short one-client wrk runs between them,
+tree's artifacts unless `--before-artifacts` names the other's), then alternates short one-client wrk runs between them,
 swapping the order every round, and prints each run and the medians of rps,
 `overhead_ms_per_request` and the in-app time in no stage. BEFORE_TREE is a
 checkout of the other commit, e.g. `git worktree add /tmp/before 3daee07`.
@@ -67,10 +67,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--seconds", type=int, default=6, help="per run")
     parser.add_argument("--artifacts", type=Path, default=ROOT / "artifacts")
+    parser.add_argument(
+        "--before-artifacts",
+        type=Path,
+        default=None,
+        help="the tree before's (its own index version); default: --artifacts",
+    )
     args = parser.parse_args()
 
     trees = {"before": args.before.resolve(), "after": ROOT}
-    servers = {name: serve(tree, 13 + i, args.artifacts) for i, (name, tree) in enumerate(trees.items())}
+    artifacts = {"before": args.before_artifacts or args.artifacts, "after": args.artifacts}
+    servers = {name: serve(tree, 13 + i, artifacts[name]) for i, (name, tree) in enumerate(trees.items())}
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
     try:
         with tempfile.TemporaryDirectory() as scratch:

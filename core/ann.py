@@ -32,8 +32,8 @@ EXACT_BELOW = 20_000  # a flat scan of 20k 8-bit codes costs ~0.7 ms: not worth 
 RECALL_TARGET = 0.98  # recall@10 against exact fp32 search, the bar an index must clear
 HNSW_M = 64  # links per node: 32 needed efSearch 512 for the target on held-out contexts, 64 needs 128
 HNSW_EF_CONSTRUCTION = 100  # graph quality: lower builds faster but needs a larger efSearch
-EF_SEARCH_CHOICES = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
-NPROBE_CHOICES = (8, 16, 32, 48, 64, 96, 128, 192, 256)
+EF_SEARCH_CHOICES = (16, 32, 48, 64, 96, 128, 160, 192, 256, 384, 512)
+NPROBE_CHOICES = (8, 16, 32, 48, 64, 96, 128, 160, 192, 256)
 CHECK_QUERIES = 500
 # An 8-bit quantiser's training copies what it is given (transposed, or as residuals): on all ~96k
 # rows those copies were a reindex's peak, +150 MB. Its per-dimension ranges need far fewer rows.
