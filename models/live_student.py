@@ -27,9 +27,16 @@ vectors. The targets:
   is the stronger of the two on replies it never saw, reports/ood.md) in one
   space with the Korean ones.
 
+`--english-targets minilm` makes the English targets rotated MiniLM alone
+(Korean stays e5's): English then ranks as MiniLM does, the stronger teacher
+out of domain, and only the Korean side keeps e5's sense. `--task-weight`
+weighs the in-batch chitchat task against the teachers' vectors.
+
 Each step: in-batch negatives on (context, reply) pairs, the task; KL to the
 targets' in-batch score distribution; 1 - cosine to the targets of the
 batch's contexts and replies and of a batch of broad text, both heads.
+
+On a CPU with AMX, `--bf16` runs the teachers and the student in bfloat16.
 
 Output, in --work: `teacher-layers.npz` (the tuned layers, fp16, as
 models/trained_layers.py reads them), `student-l<N>.npz` per student (every
@@ -89,6 +96,12 @@ class LiveConfig:
     # English targets: e5 + this weight x rotated MiniLM, then normalised. 1: the
     # two teachers count alike (not tuned on any out-of-domain set).
     minilm_weight: float = 1.0
+    # "mix": the English targets above; "minilm": rotated MiniLM alone, so that English
+    # ranks as MiniLM does (the stronger teacher on replies it never saw) and Korean as e5.
+    english_targets: str = "mix"
+    # The in-batch chitchat task's weight. It pulls the geometry towards one corpus (the
+    # issue's MiniLM fine-tune: chatterbot 0.257 -> 0.238); below 1 the teachers' vectors lead.
+    task_weight: float = 1.0
     rotation_texts: int = 16384  # English texts the rotation is fitted on
     max_context_tokens: int = 96
     max_reply_tokens: int = 96
@@ -96,6 +109,12 @@ class LiveConfig:
     prefix: str = "query: "  # the student's, both sides (see the module docstring)
     checkpoint_every: int = 200
     seed: int = 0
+
+
+def autocast(device: str, bf16: bool) -> torch.autocast:
+    """bfloat16 where it pays: always on a GPU; on a CPU when asked (`--bf16`, for CPUs with AMX)."""
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    return torch.autocast(kind, dtype=torch.bfloat16, enabled=kind == "cuda" or bf16)
 
 
 def log(message: str) -> None:
@@ -146,8 +165,9 @@ def procrustes(source: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 class Teachers:
     """Both teachers' target vectors for any batch of texts, on the training device."""
 
-    def __init__(self, pack: Pack, cfg: LiveConfig, device: str) -> None:
+    def __init__(self, pack: Pack, cfg: LiveConfig, device: str, bf16: bool = False) -> None:
         self.device = device
+        self.bf16 = bf16
         self.cfg = cfg
         self.e5 = pack.e5_body(tuple(range(pack.meta["e5_shape"]["layers"]))).to(device)
         self.minilm = pack.minilm_body().to(device)
@@ -160,7 +180,7 @@ class Teachers:
     @torch.no_grad()
     def _pool(self, body: BertModel, tokens: Tokens) -> torch.Tensor:
         ids, mask = (x.to(self.device, non_blocking=True) for x in tokens)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.startswith("cuda")):
+        with autocast(self.device, self.bf16):
             hidden = body(input_ids=ids, attention_mask=mask).last_hidden_state  # [B, T, H]
         return F.normalize(mean_pool(hidden.float(), mask), dim=-1)  # [B, H]
 
@@ -184,6 +204,8 @@ class Teachers:
         if inputs.minilm is None:
             return e5
         minilm = self._pool(self.minilm, inputs.minilm) @ self.rotation  # [B, D]
+        if self.cfg.english_targets == "minilm":
+            return minilm  # a rotation of unit rows: unit rows
         return F.normalize(e5 + self.cfg.minilm_weight * minilm, dim=-1)
 
     def fit_rotation(self, texts: list[str], batch: int = 512) -> float:
@@ -210,7 +232,9 @@ class TeacherTune:
     seed: int = 0
 
 
-def tune_teacher(pack: Pack, tune: TeacherTune, work: Path, device: str, budget_s: float | None) -> dict[str, Any]:
+def tune_teacher(
+    pack: Pack, tune: TeacherTune, work: Path, device: str, budget_s: float | None, bf16: bool = False
+) -> dict[str, Any]:
     """Trains the top layers of the pack's e5 on the pack's pairs; lays them over `pack.e5`."""
     layers = pack.meta["e5_shape"]["layers"]
     model = DualEncoder(pack.e5_body(tuple(range(layers)))).to(device)
@@ -225,14 +249,13 @@ def tune_teacher(pack: Pack, tune: TeacherTune, work: Path, device: str, budget_
     english_plan = BatchPlan(english.reply_keys, english.lengths, tune.batch_size, 16, tune.seed)
     korean_plan = BatchPlan(korean.reply_keys, korean.lengths, tune.batch_size, 1, tune.seed)
     tok = Tokenise(pack.folder / STUDENT_TOKENIZER, tune.max_tokens, tune.max_tokens, "query: ")
-    amp = device.startswith("cuda")
 
     def batch_loss(step: int) -> torch.Tensor:
         if step % tune.korean_every == tune.korean_every - 1:
             contexts, replies = korean.rows(korean_plan.batch(step // tune.korean_every))
         else:
             contexts, replies = english.rows(english_plan.batch(step - (step + 1) // tune.korean_every))
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+        with autocast(device, bf16):
             context = model.encode_context(*(x.to(device) for x in tok.contexts(["query: " + c for c in contexts])))
             reply = model.encode_reply(*(x.to(device) for x in tok.replies(["passage: " + r for r in replies])))
         return in_batch_negatives(context.float(), reply.float(), tune.scale)
@@ -300,7 +323,7 @@ def student_file(layers: tuple[int, ...]) -> str:
 
 
 def train(
-    pack: Pack, teachers: Teachers, cfg: LiveConfig, work: Path, device: str, budget_s: float | None
+    pack: Pack, teachers: Teachers, cfg: LiveConfig, work: Path, device: str, budget_s: float | None, bf16: bool = False
 ) -> dict[str, Any]:
     """Trains one student; writes its tensors to `work / student_file(cfg.layers)` and returns its figures."""
     torch.manual_seed(cfg.seed)
@@ -313,7 +336,6 @@ def train(
     broad = BroadBatches(t.broad, t.broad_shares, cfg.seed)
     model = student_model(pack, cfg).to(device)
     tok = Tokenise(pack.folder / STUDENT_TOKENIZER, cfg.max_context_tokens, cfg.max_reply_tokens, cfg.prefix)
-    amp = device.startswith("cuda")
 
     def is_korean(step: int) -> bool:
         return cfg.korean_every > 0 and step % cfg.korean_every == cfg.korean_every - 1
@@ -369,7 +391,7 @@ def train(
         t_context, t_reply = teachers.targets(batch.t_context), teachers.targets(batch.t_reply)  # [B, D]
         q_en, q_ko, p_en, p_ko = (teachers.targets(x) for x in batch.t_broad)  # [b_en, D], [b_ko, D], ...
         t_broad_q, t_broad_p = torch.cat([q_en, q_ko]), torch.cat([p_en, p_ko])  # [b, D]
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+        with autocast(device, bf16):
             context = model.encode_context(*on(batch.context))  # [B, D]
             reply = model.encode_reply(*on(batch.reply))  # [B, D]
             broad_context, broad_reply = model(*on(batch.broad))[:2]  # [b, D] each
@@ -385,7 +407,7 @@ def train(
         broad_vectors = embedding_distillation(broad_context.float(), t_broad_q) + embedding_distillation(
             broad_reply.float(), t_broad_p
         )
-        return task + cfg.score_weight * scores + cfg.vector_weight * (vectors + broad_vectors)
+        return cfg.task_weight * task + cfg.score_weight * scores + cfg.vector_weight * (vectors + broad_vectors)
 
     heads = [p for h in (model.context_head, model.reply_head) if h is not None for p in h.parameters()]
     head_ids = {id(p) for p in heads}
@@ -436,6 +458,9 @@ def main() -> None:
     parser.add_argument("--rotation-texts", type=int, default=LiveConfig.rotation_texts)
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--bf16", action="store_true", help="bfloat16 on the CPU too (pays with AMX)")
+    parser.add_argument("--english-targets", choices=("mix", "minilm"), default=LiveConfig.english_targets)
+    parser.add_argument("--task-weight", type=float, default=LiveConfig.task_weight)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -447,16 +472,18 @@ def main() -> None:
     }
     if args.tune_teacher:
         record["teacher_tune"] = tune_teacher(
-            pack, TeacherTune(steps=args.tune_steps), args.work, args.device, args.tune_budget_s
+            pack, TeacherTune(steps=args.tune_steps), args.work, args.device, args.tune_budget_s, args.bf16
         )
-    teachers = Teachers(pack, LiveConfig(), args.device)
+    recipe = {"english_targets": args.english_targets, "task_weight": args.task_weight}
+    teachers = Teachers(pack, LiveConfig(**recipe), args.device, args.bf16)
     record["rotation_mean_cosine"] = round(fit_rotation(pack, teachers, args.rotation_texts, 0), 4)
     record["students"] = []
     for spec in args.student or [",".join(map(str, LiveConfig.layers))]:
         layers, _, budget = spec.partition(":")
-        cfg = LiveConfig(layers=tuple(int(x) for x in layers.split(",")), steps=args.steps)
+        cfg = LiveConfig(layers=tuple(int(x) for x in layers.split(",")), steps=args.steps, **recipe)
         log(json.dumps(asdict(cfg)))
-        record["students"].append(train(pack, teachers, cfg, args.work, args.device, float(budget) if budget else None))
+        budget_s = float(budget) if budget else None
+        record["students"].append(train(pack, teachers, cfg, args.work, args.device, budget_s, args.bf16))
         record["minutes"] = round((time.perf_counter() - started) / 60, 1)
         (args.work / RUN_FILE).write_text(json.dumps(record, indent=2))
 

@@ -160,3 +160,19 @@ def test_a_run_tunes_the_teacher_fits_the_rotation_and_trains_a_student(tiny_pac
     ids = torch.tensor([[101, 2000, 102]])
     context, reply = student(ids, torch.ones_like(ids))
     assert context.shape == reply.shape == (1, HIDDEN)
+
+
+def test_minilm_english_targets_are_rotated_minilm_and_korean_targets_stay_e5(tiny_pack: Path) -> None:
+    pack = Pack(tiny_pack)
+    mixed = Teachers(pack, LiveConfig(), "cpu")
+    alone = Teachers(pack, LiveConfig(english_targets="minilm"), "cpu")
+    alone.minilm, alone.e5 = mixed.minilm, mixed.e5  # the same teachers, two recipes
+    mixed.fit_rotation(pack.texts.turns)
+    alone.rotation = mixed.rotation
+    english = ["do you like tea?", "i like rain"]
+    inputs = mixed.inputs(english, "query", english=True)
+    minilm = alone._pool(alone.minilm, inputs.minilm) @ alone.rotation  # type: ignore[arg-type]
+    assert torch.allclose(alone.targets(inputs), minilm, atol=1e-6)
+    assert not torch.allclose(mixed.targets(inputs), minilm, atol=1e-3)  # the mix leans to e5 too
+    korean = mixed.inputs(["차 좋아해요?"], "query", english=False)
+    assert torch.allclose(alone.targets(korean), mixed.targets(korean), atol=1e-6)
