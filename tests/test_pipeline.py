@@ -66,6 +66,16 @@ async def test_a_stored_query_typed_again_scores_one_despite_the_8_bit_codes(run
     assert reworded.answer.best.source == "reply_matching"
 
 
+async def test_a_near_copy_whose_reply_echoes_the_user_lets_reply_matching_answer(runtime: Runtime) -> None:
+    # The stored query matches exactly, but its reply is the user's own earlier turn: the look
+    # goes on to the next hit, which scores under the threshold and so cannot answer either.
+    with_query_threshold(runtime, 0.9999)
+    echo = "oh no, i hope she gets better soon"
+    outcome = await pipeline.reply(runtime, [echo, "my cat is sick"], ReplyOptions(3, BOTH), set())
+    assert outcome.answer.best.source == "reply_matching"
+    assert echo not in [c.text for c in outcome.answer.candidates]
+
+
 async def test_when_no_strategy_is_confident_the_last_one_tried_answers(runtime: Runtime) -> None:
     with_query_threshold(runtime, 1.01)
     outcome = await pipeline.reply(runtime, ["my cat is sick"], ReplyOptions(3, ["query_similarity"]), set())
