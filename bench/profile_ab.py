@@ -5,8 +5,9 @@
 On a machine whose speed drifts between runs minutes apart, two separate
 `bench.profile` runs compare the machine as much as the code. This starts
 both trees' services at once (each on its own Redis database, both on this
-tree's artifacts unless `--before-artifacts` names the other's), then alternates short one-client wrk runs between them,
-swapping the order every round, and prints each run and the medians of rps,
+tree's artifacts unless `--before-artifacts` names the other's), then
+alternates short one-client wrk runs between them, swapping the order every
+round, and prints each run and the medians of rps,
 `overhead_ms_per_request` and the in-app time in no stage. BEFORE_TREE is a
 checkout of the other commit, e.g. `git worktree add /tmp/before 3daee07`.
 """

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 EXACT_BELOW = 20_000  # a flat scan of 20k 8-bit codes costs ~0.7 ms: not worth an approximation
 RECALL_TARGET = 0.98  # recall@10 against exact fp32 search, the bar an index must clear
-HNSW_M = 64  # links per node: 32 needed efSearch 512 for the target on held-out contexts, 64 needs 128
+HNSW_M = 64  # links per node: 32 needed efSearch 512 for the target on held-out contexts, 64 needs 128-192
 HNSW_EF_CONSTRUCTION = 100  # graph quality: lower builds faster but needs a larger efSearch
 EF_SEARCH_CHOICES = (16, 32, 48, 64, 96, 128, 160, 192, 256, 384, 512)
 NPROBE_CHOICES = (8, 16, 32, 48, 64, 96, 128, 160, 192, 256)

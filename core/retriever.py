@@ -373,11 +373,11 @@ def walk(serving: Serving, request: WalkRequest) -> Answer | None:
         # search finds when there is one; only then do its hits need the full search. The hits come
         # best first, so the first under the threshold ends the look: no hit after it could answer.
         at_least = thresholds.query_similarity
-        narrow = query_hits(narrow=True, at_least=at_least)
-        best = next((h for h in narrow if h.score < at_least or not request.avoid.blocks(h.text)), None)
+        looked = query_hits(narrow=True, at_least=at_least)
+        best = next((h for h in looked if h.score < at_least or not request.avoid.blocks(h.text)), None)
         if best is not None and best.score >= at_least:
             hits = _distinct(query_hits(), k, request.avoid)
-            if hits and hits[0].score >= thresholds.query_similarity:
+            if hits and hits[0].score >= at_least:
                 return Answer(hits[0], hits)
     matched: list[Scored] = []
     confidence = None
