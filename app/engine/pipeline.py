@@ -49,11 +49,11 @@ async def embed(
     encoder queue as one job, so they cost one encoder pass together."""
     checksum, dim = serving.bundle.checksum, serving.encoder.dim
     distinct = list(dict.fromkeys(texts))
-    keys = [runtime.cache.key(checksum, "context", t) for t in distinct]
+    keys = [runtime.cache.key(checksum, "context", t) for t in distinct]  # normalised and hashed once a text
     m = serving.bundle.poly.codes if serving.bundle.poly is not None else 0
     stages, started = runtime.stages, time.perf_counter()
     vectors = dict(zip(distinct, await runtime.cache.get_many(keys, dim), strict=True))
-    poly = None
+    poly, poly_key = None, ""
     if poly_for is not None:  # kept in this process only (below): no Redis key to look for
         poly_key = runtime.cache.key(checksum, "poly", poly_for)
         found = (await runtime.cache.get_many([poly_key], m * dim, shared=False))[0]
@@ -70,11 +70,14 @@ async def embed(
         encoded = await runtime.encoder_queue.submit(job, job.tokens)
         fresh: dict[str, np.ndarray] = {}
         fresh_poly: dict[str, np.ndarray] = {}
+        key_of = dict(zip(distinct, keys, strict=True))
         for i, text in enumerate(missing):
-            vectors[text] = fresh[runtime.cache.key(checksum, "context", text)] = encoded.vectors[i]
+            # `poly_for` is one of `texts` as `reply` calls this; a caller's other text gets its key here.
+            key = key_of.get(text) or runtime.cache.key(checksum, "context", text)
+            vectors[text] = fresh[key] = encoded.vectors[i]
             if text == poly_for and encoded.poly is not None:
                 poly = encoded.poly[i]
-                fresh_poly[runtime.cache.key(checksum, "poly", text)] = poly.reshape(-1)
+                fresh_poly[poly_key] = poly.reshape(-1)
         started = time.perf_counter()
         await runtime.cache.put_many(fresh)
         # Poly vectors are m times a context vector's size (24 kB at m = 16) and belong to one
