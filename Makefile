@@ -115,10 +115,10 @@ train: baselines  ## teacher -> student -> index -> calibrate -> eval (DEVICE=cu
 
 # The same student with both teachers running beside it (models/live_student.py): made for a
 # lent GPU, where a teacher tune and 500-750 student steps take 3-4 minutes; on 2 CPU cores a step
-# takes ~30 s. The pack is everything such a machine needs (~52 MiB). STEPS bounds the student's
+# takes ~30 s. The pack is everything such a machine needs (~56 MiB). STEPS bounds the student's
 # steps, BUDGET_S the seconds it may take (the total shrinks to fit, models/loop.py).
 LIVE_LAYERS ?= 0,1,2,3,5,7,9,10,11
-pack: install-train  ## texts, trimmed tokenizer and both teachers' weights in one folder -> artifacts/pack
+pack: $(VENV)/.multilingual  ## texts, trimmed tokenizer and both teachers' weights in one folder -> artifacts/pack
 	$(PY) -m models.pack
 
 train-live: pack  ## teacher tune + student with live teachers (DEVICE=cuda STEPS=n BUDGET_S=s) -> int8 bundle
