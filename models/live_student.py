@@ -29,8 +29,11 @@ vectors. The targets:
 
 `--english-targets minilm` makes the English targets rotated MiniLM alone
 (Korean stays e5's): English then ranks as MiniLM does, the stronger teacher
-out of domain, and only the Korean side keeps e5's sense. `--task-weight`
-weighs the in-batch chitchat task against the teachers' vectors.
+out of domain, and only the Korean side keeps e5's sense (and e5 reads no
+English). `--task-weight` weighs the in-batch chitchat task against the
+teachers' vectors; `--broad-batch` sets how many broad texts a step distils.
+`--teacher-layers` reuses an earlier run's tuned teacher instead of tuning
+one, so two recipes can share a teacher.
 
 Each step: in-batch negatives on (context, reply) pairs, the task; KL to the
 targets' in-batch score distribution; 1 - cosine to the targets of the
@@ -152,7 +155,7 @@ Tokens = tuple[torch.Tensor, torch.Tensor]  # [B, T] ids, [B, T] mask, on the CP
 class TargetInputs:
     """What the teachers read for one batch of texts and one side, tokenised ahead of the step."""
 
-    e5: Tokens
+    e5: Tokens | None  # None where the targets are MiniLM's alone (English, `english_targets="minilm"`)
     minilm: Tokens | None  # English texts only
 
 
@@ -196,16 +199,18 @@ class Teachers:
     def inputs(self, texts: list[str], side: str, english: bool, minilm_texts: list[str] | None = None) -> TargetInputs:
         """CPU work only (safe off the training thread); `minilm_texts`: MiniLM's own joins of the texts, if any."""
         minilm = self._minilm_tokens(minilm_texts or texts, context=side == "query") if english else None
-        return TargetInputs(self._e5_tokens(texts, side), minilm)
+        e5_read = not english or self.cfg.english_targets != "minilm"
+        return TargetInputs(self._e5_tokens(texts, side) if e5_read else None, minilm)
 
     def targets(self, inputs: TargetInputs) -> torch.Tensor:
         """[B, D] unit targets; English rows mix in rotated MiniLM (the module docstring)."""
-        e5 = self._pool(self.e5, inputs.e5)  # [B, D]
-        if inputs.minilm is None:
-            return e5
-        minilm = self._pool(self.minilm, inputs.minilm) @ self.rotation  # [B, D]
-        if self.cfg.english_targets == "minilm":
+        minilm = None if inputs.minilm is None else self._pool(self.minilm, inputs.minilm) @ self.rotation  # [B, D]
+        if minilm is not None and self.cfg.english_targets == "minilm":
             return minilm  # a rotation of unit rows: unit rows
+        assert inputs.e5 is not None, "English inputs made for MiniLM's targets alone"
+        e5 = self._pool(self.e5, inputs.e5)  # [B, D]
+        if minilm is None:
+            return e5
         return F.normalize(e5 + self.cfg.minilm_weight * minilm, dim=-1)
 
     def fit_rotation(self, texts: list[str], batch: int = 512) -> float:
@@ -275,6 +280,13 @@ def tune_teacher(
     work.mkdir(parents=True, exist_ok=True)
     np.savez(work / TEACHER_FILE, **{k: v.astype(np.float16) for k, v in trained.items()})
     return {"config": asdict(tune), "train": stats}
+
+
+def lay_teacher(pack: Pack, layers_file: Path) -> dict[str, Any] | None:
+    """Lays an earlier run's tuned layers (its `TEACHER_FILE`) over `pack.e5`; returns that run's tune record."""
+    pack.e5.update({k: v.astype(np.float32) for k, v in np.load(layers_file).items()})
+    earlier = layers_file.parent / RUN_FILE
+    return json.loads(earlier.read_text()).get("teacher_tune") if earlier.exists() else None
 
 
 def student_model(pack: Pack, cfg: LiveConfig) -> DualEncoder:
@@ -435,7 +447,8 @@ def train(
 def load_student(pack: Pack, layers: tuple[int, ...], trained: Path) -> DualEncoder:
     """A trained student on the CPU: the pack's embeddings under the run's tensors."""
     model = student_model(pack, LiveConfig(layers=layers))
-    state = {k: torch.from_numpy(v.astype(np.float32)) for k, v in np.load(trained).items()}
+    # fp16 as `train` writes it, or int8 rows (models/pack.py's `to_int8`) where a file had to travel small.
+    state = {k: torch.from_numpy(v.astype(np.float32)) for k, v in from_int8(dict(np.load(trained))).items()}
     state[f"body.{WORD_EMBEDDINGS}"] = model.body.embeddings.word_embeddings.weight.detach()
     model.load_state_dict(state)
     return model.eval()
@@ -455,13 +468,20 @@ def main() -> None:
     parser.add_argument("--tune-teacher", action="store_true", help="tune the pack's e5 first (TeacherTune)")
     parser.add_argument("--tune-steps", type=int, default=TeacherTune.steps)
     parser.add_argument("--tune-budget-s", type=float, default=None)
+    parser.add_argument(
+        "--teacher-layers", type=Path, default=None, help="an earlier run's teacher-layers.npz, instead of a tune"
+    )
     parser.add_argument("--rotation-texts", type=int, default=LiveConfig.rotation_texts)
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--bf16", action="store_true", help="bfloat16 on the CPU too (pays with AMX)")
     parser.add_argument("--english-targets", choices=("mix", "minilm"), default=LiveConfig.english_targets)
     parser.add_argument("--task-weight", type=float, default=LiveConfig.task_weight)
+    parser.add_argument("--broad-batch", type=int, default=LiveConfig.broad_batch_size)
+    parser.add_argument("--lr", type=float, default=LiveConfig.lr, help="the body's peak learning rate")
     args = parser.parse_args()
+    if args.tune_teacher and args.teacher_layers:
+        parser.error("--tune-teacher and --teacher-layers: one teacher or the other")
     if args.threads:
         torch.set_num_threads(args.threads)
     started = time.perf_counter()
@@ -474,7 +494,15 @@ def main() -> None:
         record["teacher_tune"] = tune_teacher(
             pack, TeacherTune(steps=args.tune_steps), args.work, args.device, args.tune_budget_s, args.bf16
         )
-    recipe = {"english_targets": args.english_targets, "task_weight": args.task_weight}
+    elif args.teacher_layers:
+        record["teacher_tune"] = lay_teacher(pack, args.teacher_layers)
+        record["teacher_layers"] = str(args.teacher_layers)
+    recipe = {
+        "english_targets": args.english_targets,
+        "task_weight": args.task_weight,
+        "broad_batch_size": args.broad_batch,
+        "lr": args.lr,
+    }
     teachers = Teachers(pack, LiveConfig(**recipe), args.device, args.bf16)
     record["rotation_mean_cosine"] = round(fit_rotation(pack, teachers, args.rotation_texts, 0), 4)
     record["students"] = []

@@ -19,6 +19,7 @@ from models.live_student import (
     Pack,
     Teachers,
     TeacherTune,
+    lay_teacher,
     load_student,
     procrustes,
     student_file,
@@ -161,6 +162,21 @@ def test_a_run_tunes_the_teacher_fits_the_rotation_and_trains_a_student(tiny_pac
     context, reply = student(ids, torch.ones_like(ids))
     assert context.shape == reply.shape == (1, HIDDEN)
 
+    # A student file that travelled as int8 rows loads as the fp16 one does, within the rounding.
+    small = tmp_path / "small" / student_file(cfg.layers)
+    small.parent.mkdir()
+    fp16 = np.load(tmp_path / student_file(cfg.layers))
+    np.savez(small, **to_int8({k: v.astype(np.float32) for k, v in fp16.items()}))
+    travelled = load_student(pack, cfg.layers, small).body.encoder.layer[1].attention.self.query.weight.detach()
+    assert torch.allclose(travelled, torch.from_numpy(moved), atol=0.02 * float(np.abs(moved).max()))
+
+    # A second recipe can reuse this run's tuned teacher instead of tuning its own.
+    (tmp_path / "run.json").write_text(json.dumps({"teacher_tune": tuned}))
+    fresh = Pack(tiny_pack)
+    assert lay_teacher(fresh, tmp_path / "teacher-layers.npz") == tuned
+    for name in changed:
+        np.testing.assert_allclose(fresh.e5[name], pack.e5[name], atol=2e-3)  # fp16 on disk
+
 
 def test_minilm_english_targets_are_rotated_minilm_and_korean_targets_stay_e5(tiny_pack: Path) -> None:
     pack = Pack(tiny_pack)
@@ -174,5 +190,6 @@ def test_minilm_english_targets_are_rotated_minilm_and_korean_targets_stay_e5(ti
     minilm = alone._pool(alone.minilm, inputs.minilm) @ alone.rotation  # type: ignore[arg-type]
     assert torch.allclose(alone.targets(inputs), minilm, atol=1e-6)
     assert not torch.allclose(mixed.targets(inputs), minilm, atol=1e-3)  # the mix leans to e5 too
+    assert alone.inputs(english, "query", english=True).e5 is None  # e5 reads no English it would not use
     korean = mixed.inputs(["차 좋아해요?"], "query", english=False)
     assert torch.allclose(alone.targets(korean), mixed.targets(korean), atol=1e-6)
