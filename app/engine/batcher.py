@@ -18,11 +18,9 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
-
-import anyio
-import anyio.to_thread
 
 from app.engine.stats import STAGE_BOUNDS, Buckets
 
@@ -88,6 +86,9 @@ class Batcher(Generic[Item, Result]):
         # their callers wait forever once the worker is gone.
         self._running: list[_Waiting[Item, Result]] = []
         self._closed = False
+        # One thread runs every batch (one batch runs at a time), through the loop's own
+        # executor hop: ~50 µs a batch cheaper than anyio's to_thread (compute.py).
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="encoder")
 
     @property
     def pending(self) -> int:
@@ -172,7 +173,7 @@ class Batcher(Generic[Item, Result]):
             self.stats.request_wait_seconds.observe(started - waiting.queued_at)
         if self.on_batch is not None:
             self.on_batch(len(batch), cost, time.perf_counter() - batch[0].queued_at)
-        results = await anyio.to_thread.run_sync(self.run, [w.item for w in batch])
+        results = await asyncio.get_running_loop().run_in_executor(self._thread, self.run, [w.item for w in batch])
         if len(results) != len(batch):
             raise RuntimeError(f"the batch runner returned {len(results)} results for {len(batch)} requests")
         return results
@@ -189,3 +190,4 @@ class Batcher(Generic[Item, Result]):
                 waiting.future.set_exception(Closed("the encoder queue closed before this request's batch finished"))
         self._running = []
         self._queue.clear()
+        self._thread.shutdown(wait=False)

@@ -122,6 +122,7 @@ class Runtime:
 
     async def close(self) -> None:
         await self.encoder_queue.close()
+        self.pool.close()
         await self.cache.flush()
         await self.kv.close()
         await self.cache.store.close()
