@@ -76,6 +76,23 @@ async def test_a_near_copy_whose_reply_echoes_the_user_lets_reply_matching_answe
     assert echo not in [c.text for c in outcome.answer.candidates]
 
 
+async def test_a_last_turn_no_stored_query_equals_is_not_encoded(artifacts: Path) -> None:
+    # With the threshold at -1 any stored query would answer, if its vector were looked up:
+    # at the bundle's threshold, query similarity answers only on a copy of a stored query.
+    context = ["hi", "my cat is sick, sadly"]
+    gated = with_query_threshold(build_runtime(settings_for(artifacts)), -1.0)
+    outcome = await pipeline.reply(gated, context, ReplyOptions(3, BOTH), set())
+    assert outcome.answer.best.source == "reply_matching"
+    assert gated.cache.misses == 1  # the context alone went to the encoder
+    ungated = with_query_threshold(build_runtime(settings_for(artifacts, query_similarity_exact_only=False)), -1.0)
+    outcome = await pipeline.reply(ungated, context, ReplyOptions(3, BOTH), set())
+    assert outcome.answer.best.source == "query_similarity" and ungated.cache.misses == 2
+    # A request's own threshold asks for near copies too, so its last turn is encoded.
+    asked = ReplyOptions(3, BOTH, thresholds={"query_similarity": -1.0})
+    outcome = await pipeline.reply(gated, context, asked, set())
+    assert outcome.answer.best.source == "query_similarity"
+
+
 async def test_when_no_strategy_is_confident_the_last_one_tried_answers(runtime: Runtime) -> None:
     with_query_threshold(runtime, 1.01)
     outcome = await pipeline.reply(runtime, ["my cat is sick"], ReplyOptions(3, ["query_similarity"]), set())

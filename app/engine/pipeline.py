@@ -128,7 +128,15 @@ async def reply(runtime: Runtime, turns: Sequence[str], options: ReplyOptions, e
                 "strategies", "no reaction set (the model's, or uploaded) speaks this conversation's language"
             )
         raise NoCandidates("no reaction in this conversation's language matches the filter and exclude_ids", "filter")
-    wants_query = "query_similarity" in allowed
+    # At the bundle's threshold query similarity answers on a near copy of a stored query, in
+    # practice an exact one (Settings.query_similarity_exact_only), so without one the last turn
+    # is not encoded. A request's own threshold, or no reply matching to fall to, needs the vector.
+    wants_query = "query_similarity" in allowed and (
+        not runtime.settings.query_similarity_exact_only
+        or "reply_matching" not in allowed
+        or "query_similarity" in (options.thresholds or {})
+        or normalize(turns[-1]) in serving.index.query_rows_by_text
+    )
     wants_context = "reply_matching" in allowed or "reaction" in allowed
     with_poly = rerank and "reply_matching" in allowed  # reactions need no poly vectors
     joined = serving.encoder.join_context(turns)

@@ -1,0 +1,99 @@
+"""Query similarity with and without the last turn's vector, where no stored query equals that turn.
+
+    python -m bench.exact_query [--contexts 3000]
+
+At the bundle's threshold (the stored queries' own p99 neighbour cosine)
+query similarity answers only on a near copy of a stored query. With
+`Settings.query_similarity_exact_only` the service encodes the last turn only
+when a stored query equals it once normalised, and otherwise walks without
+query similarity. This replays held-out contexts (as `make bench-load` sends
+them) through the walk both ways, in process, and counts the answers that
+differ (the reply, its source, or any candidate id), and the tokens of the
+last turn a request no longer encodes. Writes reports/exact_query.{md,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from app.engine.kernels import cpu
+from bench import reports
+from bench.load import ROOT, contexts
+from core import retriever
+from core.bundle import RELEASE_BUNDLE, open_bundle
+from core.encoder import Encoder
+from core.retriever import Avoid, Serving, WalkRequest
+from core.store import IndexStore
+from core.text import normalize
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--contexts", type=int, default=3000)
+    parser.add_argument("--artifacts", type=Path, default=ROOT / "artifacts")
+    parser.add_argument("--out", type=Path, default=ROOT / "reports" / "exact_query")
+    args = parser.parse_args()
+
+    bundle = open_bundle(RELEASE_BUNDLE)
+    store = IndexStore(args.artifacts / "indexes")
+    version = store.latest_for(bundle.checksum)
+    if version is None:
+        raise SystemExit("no index for the release bundle: run `make index` first")
+    encoder = Encoder(RELEASE_BUNDLE, bundle)
+    serving = Serving(bundle, RELEASE_BUNDLE, encoder, store.load(version), bundle.thresholds)
+    turns = contexts()[: args.contexts]
+    last = encoder.encode([t[-1] for t in turns], "context")  # [N, D]
+    joined_texts = [encoder.join_context(t) for t in turns]
+    joined = encoder.encode(joined_texts, "context")  # [N, D]
+
+    exact = [normalize(t[-1]) in serving.index.query_rows_by_text for t in turns]
+    answers: dict[bool, list[tuple[object, ...]]] = {False: [], True: []}
+    for i, context in enumerate(turns):
+        window = context[-bundle.max_context_turns :]
+        for gated in (False, True):
+            request = WalkRequest(
+                window=window,
+                allowed=retriever.STRATEGY_ORDER,
+                k=5,
+                thresholds=serving.thresholds,
+                avoid=Avoid.of(window),
+                query_vector=last[i] if exact[i] or not gated else None,
+                context_vector=joined[i],
+                poly_vectors=None,
+            )
+            answer = retriever.walk(serving, request)
+            assert answer is not None
+            answers[gated].append((answer.best.text, answer.best.source, tuple(h.id for h in answer.candidates)))
+    differ = sum(a != b for a, b in zip(answers[False], answers[True], strict=True))
+    tokens = [len(encoder.tokenize([t[-1]], "context")[0]) for t in turns]
+    context_tokens = [len(encoder.tokenize([j], "context")[0]) for j in joined_texts]
+    skipped = sum(n for n, e in zip(tokens, exact, strict=True) if not e)
+    report = {
+        "command": " ".join(["python -m bench.exact_query", *sys.argv[1:]]),
+        "cpu": cpu(),
+        "index": f"{version} ({serving.index.manifest.replies} replies, {serving.index.manifest.queries} queries)",
+        "query_threshold": serving.thresholds.query_similarity,
+        "contexts": len(turns),
+        "last_turn_is_a_stored_query": sum(exact),
+        "query_similarity_answers": sum(a[1] == "query_similarity" for a in answers[False]),
+        "differing_answers": differ,
+        # Of everything a request encodes without the gate (last turn + context), the share it no longer does.
+        "tokens_not_encoded_share": round(skipped / (sum(tokens) + sum(context_tokens)), 3),
+    }
+    lines = [
+        f"`{report['command']}` on {report['cpu']['model']}, index {report['index']}, "
+        f"query threshold {report['query_threshold']}.",
+        "",
+        f"- contexts: {len(turns)}; the last turn equals a stored query (normalised) in "
+        f"{report['last_turn_is_a_stored_query']}; query similarity answers {report['query_similarity_answers']}",
+        f"- answers that differ when only those last turns are encoded (reply, source or any candidate id): "
+        f"**{differ}**",
+        f"- share of the tokens a request encoded that it no longer does: {report['tokens_not_encoded_share']}",
+    ]
+    reports.write(args.out, report, "\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
