@@ -21,11 +21,7 @@ from pathlib import Path
 from app.engine.kernels import cpu
 from bench import reports
 from bench.load import ROOT, contexts
-from core import retriever
-from core.bundle import RELEASE_BUNDLE, open_bundle
-from core.encoder import Encoder
-from core.retriever import Avoid, Serving, WalkRequest
-from core.store import IndexStore
+from bench.narrow_search import release_serving, walks
 from core.text import normalize
 
 
@@ -36,37 +32,17 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "exact_query")
     args = parser.parse_args()
 
-    bundle = open_bundle(RELEASE_BUNDLE)
-    store = IndexStore(args.artifacts / "indexes")
-    version = store.latest_for(bundle.checksum)
-    if version is None:
-        raise SystemExit("no index for the release bundle: run `make index` first")
-    encoder = Encoder(RELEASE_BUNDLE, bundle)
-    serving = Serving(bundle, RELEASE_BUNDLE, encoder, store.load(version), bundle.thresholds)
+    serving, version = release_serving(args.artifacts)
+    encoder = serving.encoder
     turns = contexts()[: args.contexts]
     last = encoder.encode([t[-1] for t in turns], "context")  # [N, D]
     joined_texts = [encoder.join_context(t) for t in turns]
     joined = encoder.encode(joined_texts, "context")  # [N, D]
 
     exact = [normalize(t[-1]) in serving.index.query_rows_by_text for t in turns]
-    answers: dict[bool, list[tuple[object, ...]]] = {False: [], True: []}
-    for i, context in enumerate(turns):
-        window = context[-bundle.max_context_turns :]
-        for gated in (False, True):
-            request = WalkRequest(
-                window=window,
-                allowed=retriever.STRATEGY_ORDER,
-                k=5,
-                thresholds=serving.thresholds,
-                avoid=Avoid.of(window),
-                query_vector=last[i] if exact[i] or not gated else None,
-                context_vector=joined[i],
-                poly_vectors=None,
-            )
-            answer = retriever.walk(serving, request)
-            assert answer is not None
-            answers[gated].append((answer.best.text, answer.best.source, tuple(h.id for h in answer.candidates)))
-    differ = sum(a != b for a, b in zip(answers[False], answers[True], strict=True))
+    gated_last = [vector if is_exact else None for vector, is_exact in zip(last, exact, strict=True)]
+    before, gated = walks(serving, turns, last, joined)[0], walks(serving, turns, gated_last, joined)[0]
+    differ = sum(a != b for a, b in zip(before, gated, strict=True))
     tokens = [len(encoder.tokenize([t[-1]], "context")[0]) for t in turns]
     context_tokens = [len(encoder.tokenize([j], "context")[0]) for j in joined_texts]
     skipped = sum(n for n, e in zip(tokens, exact, strict=True) if not e)
@@ -77,7 +53,7 @@ def main() -> None:
         "query_threshold": serving.thresholds.query_similarity,
         "contexts": len(turns),
         "last_turn_is_a_stored_query": sum(exact),
-        "query_similarity_answers": sum(a[1] == "query_similarity" for a in answers[False]),
+        "query_similarity_answers": sum(a[1] == "query_similarity" for a in before),
         "differing_answers": differ,
         # Of everything a request encodes without the gate (last turn + context), the share it no longer does.
         "tokens_not_encoded_share": round(skipped / (sum(tokens) + sum(context_tokens)), 3),

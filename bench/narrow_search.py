@@ -37,8 +37,20 @@ WIDE = 1 << 30  # a probe this wide is the full search: min() with the index's o
 Answers = list[tuple[Any, ...]]
 
 
+def release_serving(artifacts: Path) -> tuple[Serving, str]:
+    """The release bundle on its latest index under `artifacts`, in process, and that index version."""
+    bundle = open_bundle(RELEASE_BUNDLE)
+    store = IndexStore(artifacts / "indexes")
+    version = store.latest_for(bundle.checksum)
+    if version is None:
+        raise SystemExit("no index for the release bundle: run `make index` first")
+    encoder = Encoder(RELEASE_BUNDLE, bundle)
+    return Serving(bundle, RELEASE_BUNDLE, encoder, store.load(version), bundle.thresholds), version
+
+
 def walks(serving: Serving, turns: list[list[str]], last: Any, joined: Any) -> tuple[Answers, float, float]:
-    """(each walk's answer, ms a walk, ms of query search a walk). last, joined: [N, D] each."""
+    """(each walk's answer, ms a walk, ms of query search a walk). last, joined: [N, D] each;
+    a row of `last` may be None (no query vector: query similarity sits the walk out)."""
     laps, answers = Laps(), []
     window_turns = serving.bundle.max_context_turns
     started = time.perf_counter()
@@ -69,13 +81,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "narrow_search")
     args = parser.parse_args()
 
-    bundle = open_bundle(RELEASE_BUNDLE)
-    store = IndexStore(args.artifacts / "indexes")
-    version = store.latest_for(bundle.checksum)
-    if version is None:
-        raise SystemExit("no index for the release bundle: run `make index` first")
-    encoder = Encoder(RELEASE_BUNDLE, bundle)
-    serving = Serving(bundle, RELEASE_BUNDLE, encoder, store.load(version), bundle.thresholds)
+    serving, version = release_serving(args.artifacts)
+    encoder = serving.encoder
     turns = contexts()[: args.contexts]
     last = encoder.encode([t[-1] for t in turns], "context")  # [N, D]
     joined = encoder.encode([encoder.join_context(t) for t in turns], "context")  # [N, D]
