@@ -27,6 +27,9 @@ class HeldWait:
         self._over = asyncio.Event()
 
     async def sleep(self, seconds: float) -> None:
+        if seconds == 0:  # a loop turn between wake-ups (`_deliver`), not a wait for company
+            await asyncio.sleep(0)
+            return
         self.asked.append(seconds)
         self.waiting.set()
         await self._over.wait()
@@ -235,3 +238,34 @@ async def test_a_cancelled_request_does_not_use_up_the_token_budget() -> None:
     batcher._queue.append(_Waiting(4, 1, loop.create_future()))
     batcher._queue[0].future.cancel()
     assert batcher._take() == [] and not batcher._queue
+
+
+async def test_a_batch_wakes_its_callers_one_loop_turn_apart_and_close_answers_the_rest() -> None:
+    batcher: Batcher[int, int] = Batcher(Recorder(), max_cost=8, max_wait_s=0.0, max_pending=8)
+    turn = 0
+
+    async def ticker() -> None:  # counts the loop's turns
+        nonlocal turn
+        while True:
+            turn += 1
+            await asyncio.sleep(0)
+
+    woke: dict[int, int] = {}
+    closing: list[asyncio.Task[None]] = []
+
+    async def caller(item: int) -> int:
+        result = await batcher.submit(item, cost=1)
+        woke[item] = turn
+        if item == 1:  # shutdown begins while the rest of the batch waits for its turn
+            closing.append(asyncio.create_task(batcher.close()))
+        return result
+
+    ticking = asyncio.create_task(ticker())
+    try:
+        # Queued in one turn, before the worker first runs: one batch of three.
+        results = await asyncio.wait_for(asyncio.gather(caller(1), caller(2), caller(3)), 2)
+    finally:
+        ticking.cancel()
+    assert results == [10, 20, 30]  # the closed batcher still answered what it had computed
+    assert woke[1] < woke[2]
+    await asyncio.wait_for(closing[0], 2)
