@@ -8,8 +8,9 @@ its own sessions. Session messages carry their session's marker and number
 stored, in order, in the right session. A plain context's last turn ends with
 a tag no other request carries, so no request is answered from the embedding
 cache (the worst case, and the same for every run), except the --repeat-share
-of them that repeat one of 100 popular contexts. With --turns-per-session N
-a session is retired after N messages in this run and the client goes on with
+of them that repeat one of 100 popular one-line contexts: short lines, which
+are what people repeat and what the embedding cache shares across replicas.
+With --turns-per-session N a session is retired after N messages in this run and the client goes on with
 a fresh one (ids continue s0, s1, ... in retirement order, so a second run with
 the same tag continues the first run's sessions first): the service keeps a
 window of turns per session, and the suite must see every turn to check it.
@@ -33,6 +34,7 @@ from typing import Any
 
 import httpx
 
+from app.engine.cache import SHARED_MAX_CHARS
 from index.corpus import load_pairs
 
 
@@ -42,10 +44,18 @@ def turns(seed: int) -> list[list[str]]:
     return [[t[:500] for t in p.context] for p in pairs]
 
 
+def popular(pool: list[list[str]], count: int = 100) -> list[list[str]]:
+    """One-line contexts of the pool's short turns ("hi", "lol", "what about you?"). A joined
+    multi-turn context is never repeated by real traffic, so the cache keeps it in the process."""
+    short = dict.fromkeys(t for context in pool for t in context if 0 < len(t) <= SHARED_MAX_CHARS)
+    return [[t] for t in list(short)[:count]]
+
+
 async def client_loop(
     index: int, urls: list[str], until: float, count: int | None, args: argparse.Namespace, pool: list[list[str]]
 ) -> list[dict[str, Any]]:
     rng = random.Random(args.seed * 1000 + index)
+    repeated = popular(pool)
     rows: list[dict[str, Any]] = []
     slots = [f"chaos-{args.tag}-c{index}-s{j}" for j in range(args.sessions_per_client)]
     next_session = len(slots)
@@ -69,7 +79,7 @@ async def client_loop(
                 body = {"session_id": session, "message": f"[{session} m{number}] {rng.choice(pool)[-1]}"}
                 target = number % len(clients)
             elif rng.random() < args.repeat_share:
-                body = {"context": pool[rng.randrange(100)]}  # one of 100 popular contexts: a cache hit after the first
+                body = {"context": rng.choice(repeated)}  # a cache hit after the first
                 target = n % len(clients)
             else:
                 *earlier, last = rng.choice(pool)
@@ -130,7 +140,7 @@ def main() -> None:
     parser.add_argument("--sessions-per-client", type=int, default=3, help="sessions a client talks to at once")
     parser.add_argument("--turns-per-session", type=int, help="retire a session after this many messages (this run)")
     parser.add_argument("--timeout-ms", type=float, nargs=2, help="give up after a random time in [LOW, HIGH]")
-    parser.add_argument("--repeat-share", type=float, default=0.0, help="share of contexts from 100 popular ones")
+    parser.add_argument("--repeat-share", type=float, default=0.0, help="share of 100 short popular lines")
     parser.add_argument("--cancel-share", type=float, default=1.0, help="share of requests --timeout-ms applies to")
     parser.add_argument("--pause-ms", type=float, default=0, help="mean pause between a client's requests")
     parser.add_argument("--tag", default="run", help="part of every session id, so runs do not share sessions")
