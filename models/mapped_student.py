@@ -2,6 +2,7 @@
 
     python -m models.mapped_student --work artifacts/mapped             # the map alone, ~600 steps
     python -m models.mapped_student --work artifacts/mapped-l --train-layers
+    python -m models.mapped_student --work artifacts/mapped --e5-only    # zero-shot e5 on the same protocol
 
 Run 3 (docs/training.md) found that students built from e5's layers stay far
 below all-MiniLM-L6-v2 on replies they never saw, whatever their English
@@ -129,8 +130,9 @@ def reply_r_at(encode: Encode, replies: ReplySet, separator: str) -> dict[str, f
 
 
 def sts_spearman(encode: Encode, sts: StsSet) -> float:
-    a = encode_all(encode, [p[0] for p in sts.pairs], False)  # [P, D]
-    b = encode_all(encode, [p[1] for p in sts.pairs], False)  # [P, D]
+    # Both sides as the context side reads them: /similar embeds pairs so ("query: " for e5).
+    a = encode_all(encode, [p[0] for p in sts.pairs], True)  # [P, D]
+    b = encode_all(encode, [p[1] for p in sts.pairs], True)  # [P, D]
     return round(100 * float(spearmanr((a * b).sum(-1).numpy(), sts.gold).statistic), 1)
 
 
@@ -191,14 +193,33 @@ def train(pack: Pack, cfg: MapConfig, work: Path) -> dict[str, Any]:
     }
 
 
+def judge_e5(pack: Pack, cfg: MapConfig) -> dict[str, Any]:
+    """The pack's multilingual-e5-small, zero-shot, on the same protocol: Korean's reference."""
+    body = pack.e5_body(tuple(range(pack.meta["e5_shape"]["layers"]))).eval()
+    tokens = Tokenise(pack.folder / STUDENT_TOKENIZER, cfg.max_tokens, cfg.max_tokens, context_prefix="query: ")
+
+    def encode_e5(batch: list[str], context: bool) -> torch.Tensor:
+        if context:
+            return pooled(body, tokens.contexts(["query: " + t for t in batch]))
+        return pooled(body, tokens.replies(["passage: " + t for t in batch]))
+
+    return judge(encode_e5, pack.texts.separator)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pack", type=Path, default=Path("artifacts/pack"))
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=MapConfig.steps)
     parser.add_argument("--train-layers", action="store_true")
+    parser.add_argument("--e5-only", action="store_true", help="judge the pack's zero-shot e5 alone -> e5.json")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
+    if args.e5_only:
+        figures = judge_e5(Pack(args.pack), MapConfig())
+        (args.work / "e5.json").write_text(json.dumps(figures, indent=1))
+        print(json.dumps(figures, indent=1))
+        return
     figures = train(Pack(args.pack), MapConfig(steps=args.steps, train_layers=args.train_layers), args.work)
     (args.work / "run.json").write_text(json.dumps(figures, indent=1))
     print(json.dumps({k: v for k, v in figures.items() if k != "config"}, indent=1))
