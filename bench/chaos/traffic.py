@@ -10,10 +10,11 @@ a tag no other request carries, so no request is answered from the embedding
 cache (the worst case, and the same for every run), except the --repeat-share
 of them that repeat one of 100 popular one-line contexts: short lines, which
 are what people repeat and what the embedding cache shares across replicas.
-With --turns-per-session N a session is retired after N messages in this run and the client goes on with
-a fresh one (ids continue s0, s1, ... in retirement order, so a second run with
-the same tag continues the first run's sessions first): the service keeps a
-window of turns per session, and the suite must see every turn to check it.
+With --turns-per-session N a session is retired after N messages in this run
+and the client goes on with a fresh one (ids continue s0, s1, ... in
+retirement order, so a second run with the same tag continues the first
+run's sessions first): the service keeps a window of turns per session,
+and the suite must see every turn to check it.
 With --timeout-ms LOW HIGH each request gives up after a random time in that
 range, as an impatient client does (with --cancel-share P, only that share of
 requests). Several --url values are replicas: a session's messages go to them
