@@ -14,30 +14,20 @@ last turn a request no longer encodes. Writes reports/exact_query.{md,json}.
 
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
 
 from app.engine.kernels import cpu
 from bench import reports
-from bench.load import ROOT, contexts
-from bench.narrow_search import release_serving, walks
+from bench.narrow_search import encoded_contexts, release_serving, replay_arguments, walks
 from core.text import normalize
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--contexts", type=int, default=3000)
-    parser.add_argument("--artifacts", type=Path, default=ROOT / "artifacts")
-    parser.add_argument("--out", type=Path, default=ROOT / "reports" / "exact_query")
-    args = parser.parse_args()
-
+    args = replay_arguments(__doc__.split("\n\n")[0], "exact_query")
     serving, version = release_serving(args.artifacts)
     encoder = serving.encoder
-    turns = contexts()[: args.contexts]
-    last = encoder.encode([t[-1] for t in turns], "context")  # [N, D]
+    turns, last, joined = encoded_contexts(encoder, args.contexts)
     joined_texts = [encoder.join_context(t) for t in turns]
-    joined = encoder.encode(joined_texts, "context")  # [N, D]
 
     exact = [normalize(t[-1]) in serving.index.query_rows_by_text for t in turns]
     gated_last = [vector if is_exact else None for vector, is_exact in zip(last, exact, strict=True)]

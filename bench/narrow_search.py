@@ -48,6 +48,24 @@ def release_serving(artifacts: Path) -> tuple[Serving, str]:
     return Serving(bundle, RELEASE_BUNDLE, encoder, store.load(version), bundle.thresholds), version
 
 
+def replay_arguments(description: str, report: str) -> argparse.Namespace:
+    """The options both in-process replays take: how many held-out contexts, where the index is, the report."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--contexts", type=int, default=3000)
+    parser.add_argument("--artifacts", type=Path, default=ROOT / "artifacts")
+    parser.add_argument("--out", type=Path, default=ROOT / "reports" / report)
+    return parser.parse_args()
+
+
+def encoded_contexts(encoder: Encoder, count: int) -> tuple[list[list[str]], Any, Any]:
+    """The first `count` held-out contexts (as `make bench-load` sends them), and their
+    last turns' and joined contexts' vectors: [N, D] each."""
+    turns = contexts()[:count]
+    last = encoder.encode([t[-1] for t in turns], "context")  # [N, D]
+    joined = encoder.encode([encoder.join_context(t) for t in turns], "context")  # [N, D]
+    return turns, last, joined
+
+
 def walks(serving: Serving, turns: list[list[str]], last: Any, joined: Any) -> tuple[Answers, float, float]:
     """(each walk's answer, ms a walk, ms of query search a walk). last, joined: [N, D] each;
     a row of `last` may be None (no query vector: query similarity sits the walk out)."""
@@ -75,17 +93,9 @@ def walks(serving: Serving, turns: list[list[str]], last: Any, joined: Any) -> t
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--contexts", type=int, default=3000)
-    parser.add_argument("--artifacts", type=Path, default=ROOT / "artifacts")
-    parser.add_argument("--out", type=Path, default=ROOT / "reports" / "narrow_search")
-    args = parser.parse_args()
-
+    args = replay_arguments(__doc__.split("\n\n")[0], "narrow_search")
     serving, version = release_serving(args.artifacts)
-    encoder = serving.encoder
-    turns = contexts()[: args.contexts]
-    last = encoder.encode([t[-1] for t in turns], "context")  # [N, D]
-    joined = encoder.encode([encoder.join_context(t) for t in turns], "context")  # [N, D]
+    turns, last, joined = encoded_contexts(serving.encoder, args.contexts)
 
     narrow = (ann.NARROW_NPROBE, ann.NARROW_EF)
     runs: dict[str, list[tuple[float, float]]] = {"full": [], "narrow": []}
