@@ -1,0 +1,313 @@
+"""all-MiniLM-L6-v2 as it ships for English, with new rows that read Korean.
+
+    python -m models.script_student --work artifacts/script-student              # train, judge, resumable
+    python -m models.script_student --work artifacts/script-student --export     # -> an int8 bundle
+
+Run 3 and run 4 (docs/training.md) found that a student reading one
+multilingual tokenizer ranks English replies it never saw far below
+all-MiniLM-L6-v2. This student keeps MiniLM whole: its WordPiece vocabulary,
+its embedding rows and its six layers, all frozen. The vocabulary gains one
+row per Hangul piece of the pack's trimmed XLM-R vocabulary, spelt as
+WordPiece spells words ("▁안녕" is "안녕", a continuation "하세요" is
+"##하세요"), and one per Hangul syllable in both spellings, so that no Korean
+word falls to [UNK]. A word is all one script between BERT's splits, so an
+English text never meets a new row: English tokens, and so English vectors,
+are MiniLM's by construction (`check_english`, and a test, hold that).
+
+BERT's normaliser decomposes Hangul syllables into jamo (NFD, on its way to
+stripping accents); the tokenizer recomposes them (NFC) after it, which
+changes nothing that is left of a Latin text.
+
+Only the new rows train. They start as e5's rows of the same pieces through a
+least-squares map between the two embedding tables (models/mapped_student.py
+fits it on the words both vocabularies spell alike). The targets are e5's
+vectors of Korean text turned into MiniLM's space by the orthogonal map that
+best carries e5's vectors of English text onto MiniLM's (a rotation keeps
+every cosine, so the targets rank Korean as e5 does). Texts: our Korean
+pairs (written and translated) and the pack's Korean prose; the loss is
+1 - cosine to the targets, plus `task_weight` of in-batch contrastive loss on
+the pairs. Nothing here reads chatterbot-corpus or an STS set but to judge.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer
+from torch import nn
+from transformers import BertModel
+
+from index.corpus import split_summary
+from models.batches import Tokenise
+from models.dataset import TrainPairs
+from models.e5_student import export_student
+from models.encoder import load_pretrained, mean_pool
+from models.export import ExportConfig
+from models.live_student import WORD_EMBEDDINGS, Pack, procrustes
+from models.loop import run_steps
+from models.mapped_student import encode_all, fit_map, judge, pooled, shared_words
+from models.pack import MINILM_DIR, STUDENT_TOKENIZER
+from models.train import hardware
+
+TOKENIZER_FILE = "tokenizer.json"
+ROWS_FILE = "korean_rows.npy"
+HANGUL = re.compile(r"[\u1100-\u11ff\u3130-\u318f\uac00-\ud7a3]")
+KOREAN_POOLS = ("ko-chat", "ko-prose")
+
+
+@dataclass(frozen=True)
+class ScriptConfig:
+    steps: int = 1500  # an upper bound: `budget_s` cuts it to what fits
+    budget_s: float | None = 1800.0  # 30 min of 2 CPU cores
+    batch_size: int = 48  # pairs: 2 x 48 texts, plus as many broad Korean texts
+    lr: float = 2e-3  # rows alone, from a mapped start: they may move far
+    warmup_fraction: float = 0.05
+    # In-batch contrastive loss on our Korean pairs, beside the distillation.
+    # Run 3's 0.25: the teacher's geometry leads, the pairs' corpus does not.
+    task_weight: float = 0.25
+    scale: float = 20.0  # sentence-transformers' default for MiniLM's cosines
+    rotation_texts: int = 8192  # English texts the e5 -> MiniLM rotation is fitted on
+    max_tokens: int = 64  # MiniLM's bundle cuts contexts at 64 tokens
+    checkpoint_every: int = 100
+    seed: int = 0
+
+
+def korean_pieces(e5_vocab: dict[str, int], minilm_vocab: dict[str, int]) -> dict[str, list[int]]:
+    """New WordPiece spelling -> the e5 ids whose rows start it: every Hangul piece of e5's,
+    and every syllable those pieces hold as a word of its own and as a continuation."""
+    pieces: dict[str, list[int]] = {}
+    for piece, e5_id in e5_vocab.items():
+        if HANGUL.search(piece):
+            pieces.setdefault(piece[1:] if piece.startswith("▁") else "##" + piece, []).append(e5_id)
+    syllables = sorted({c for piece in e5_vocab for c in piece if HANGUL.match(c)})
+    for syllable in syllables:
+        for spelling, e5_piece in ((syllable, "▁" + syllable), ("##" + syllable, syllable)):
+            if spelling not in pieces:
+                ids = [e5_vocab[p] for p in (e5_piece, syllable, "▁" + syllable) if p in e5_vocab]
+                pieces[spelling] = ids[:1] or [e5_vocab["▁"]]
+    return {p: ids for p, ids in pieces.items() if p not in minilm_vocab and p != "##"}
+
+
+def extend_tokenizer(minilm_tokenizer: Path, new_pieces: list[str], out: Path) -> None:
+    """MiniLM's tokenizer.json with `new_pieces` after its vocabulary and NFC after its normaliser."""
+    spec = json.loads(minilm_tokenizer.read_text(encoding="utf-8"))
+    vocab: dict[str, int] = spec["model"]["vocab"]
+    start = len(vocab)
+    vocab.update({piece: start + i for i, piece in enumerate(new_pieces)})
+    spec["normalizer"] = {"type": "Sequence", "normalizers": [spec["normalizer"], {"type": "NFC"}]}
+    out.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
+
+
+def check_english(minilm_tokenizer: Path, extended: Path, texts: list[str]) -> None:
+    """Raises unless every text without Hangul tokenises to the same ids under both tokenizers."""
+    before, after = Tokenizer.from_file(str(minilm_tokenizer)), Tokenizer.from_file(str(extended))
+    latin = [t for t in texts if not HANGUL.search(t)]
+    for a, b, text in zip(before.encode_batch(latin), after.encode_batch(latin), latin, strict=True):
+        if a.ids != b.ids:
+            raise ValueError(f"the extended tokenizer reads {text!r} differently")
+
+
+class ScriptStudent(nn.Module):
+    """MiniLM, frozen, reading [V + K] rows: its own V, and K new Korean rows that train."""
+
+    def __init__(self, body: BertModel, korean_rows: torch.Tensor) -> None:
+        super().__init__()
+        body.requires_grad_(False)
+        self.body = body
+        self.minilm_rows = body.embeddings.word_embeddings.weight  # [V, D], frozen
+        self.korean_rows = nn.Parameter(korean_rows)  # [K, D]
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        # ids, mask: [B, T] -> [B, D] unit rows
+        vocab = self.minilm_rows.shape[0]
+        new = (ids >= vocab).unsqueeze(-1)  # [B, T, 1]
+        embedded = torch.where(
+            new, self.korean_rows[(ids - vocab).clamp(min=0)], self.minilm_rows[ids.clamp(max=vocab - 1)]
+        )  # [B, T, D]
+        hidden = self.body(inputs_embeds=embedded, attention_mask=mask).last_hidden_state  # [B, T, D]
+        return F.normalize(mean_pool(hidden, mask), dim=-1)
+
+
+def start_rows(pack: Pack, pieces: dict[str, list[int]], minilm_words: torch.Tensor) -> torch.Tensor:
+    """[K, D] the new rows' start: e5's rows (the mean where several spell one piece) through the map."""
+    e5_words = torch.from_numpy(pack.e5[WORD_EMBEDDINGS])  # [V', De]
+    e5_tok = Tokenizer.from_file(str(pack.folder / STUDENT_TOKENIZER))
+    minilm_tok = Tokenizer.from_file(str(pack.folder / MINILM_DIR / TOKENIZER_FILE))
+    pairs = shared_words(e5_tok.get_vocab(), minilm_tok.get_vocab())
+    source, target = (torch.tensor(ids) for ids in zip(*pairs, strict=True))
+    word_map = fit_map(e5_words[source], minilm_words[target])  # [De, D]
+    return torch.stack([e5_words[ids].mean(0) for ids in pieces.values()]) @ word_map  # [K, D]
+
+
+def korean_texts(pack: Pack, seed: int) -> tuple[list[tuple[str, str]], list[str]]:
+    """(context, reply) pairs joined with MiniLM's separator, and the broad Korean texts, shuffled."""
+    texts = pack.texts
+    pairs = [
+        (c.replace(texts.separator, texts.minilm_separator), r)
+        for c, r in zip(texts.korean_contexts, texts.korean_replies, strict=True)
+    ]
+    broad = [t for pool in KOREAN_POOLS for t in texts.broad.get(pool, [])]
+    rng = random.Random(seed)
+    rng.shuffle(pairs)
+    rng.shuffle(broad)
+    return pairs, broad
+
+
+@torch.no_grad()
+def teacher_targets(pack: Pack, cfg: ScriptConfig, texts: list[str], english: list[str]) -> tuple[torch.Tensor, float]:
+    """[N, D] e5's vectors of `texts` rotated into MiniLM's space, and the rotation's mean cosine on `english`."""
+    e5 = pack.e5_body(tuple(range(pack.meta["e5_shape"]["layers"]))).eval()
+    minilm = pack.minilm_body().eval()
+    e5_tok = Tokenise(pack.folder / STUDENT_TOKENIZER, 128, 128)
+    minilm_tok = Tokenise(pack.folder / MINILM_DIR / TOKENIZER_FILE, 128, 128)
+
+    def e5_encode(batch: list[str], _: bool) -> torch.Tensor:
+        # "query: " on both sides: E5's advice for symmetric tasks, and how /similar reads pairs.
+        return pooled(e5, e5_tok.replies(["query: " + t for t in batch]))
+
+    def minilm_encode(batch: list[str], _: bool) -> torch.Tensor:
+        return pooled(minilm, minilm_tok.replies(batch))
+
+    e5_english = encode_all(e5_encode, english, False)  # [E, De]
+    minilm_english = encode_all(minilm_encode, english, False)  # [E, D]
+    rotation = procrustes(e5_english, minilm_english)  # [De, D]
+    fit = float((e5_english @ rotation * minilm_english).sum(-1).mean())
+    return encode_all(e5_encode, texts, False) @ rotation, fit
+
+
+def english_sample(pack: Pack, count: int, seed: int) -> list[str]:
+    texts = [t for pool in ("en-chat", "en-gloss", "en-prose") for t in pack.texts.broad.get(pool, [])]
+    random.Random(seed).shuffle(texts)
+    return texts[:count]
+
+
+def train(pack: Pack, cfg: ScriptConfig, work: Path) -> dict[str, Any]:
+    torch.manual_seed(cfg.seed)
+    minilm_tokenizer = pack.folder / MINILM_DIR / TOKENIZER_FILE
+    e5_vocab = Tokenizer.from_file(str(pack.folder / STUDENT_TOKENIZER)).get_vocab()
+    pieces = korean_pieces(e5_vocab, Tokenizer.from_file(str(minilm_tokenizer)).get_vocab())
+    extend_tokenizer(minilm_tokenizer, list(pieces), work / TOKENIZER_FILE)
+    english = english_sample(pack, cfg.rotation_texts, cfg.seed)
+    check_english(minilm_tokenizer, work / TOKENIZER_FILE, english + pack.texts.english_minilm_contexts[:4096])
+
+    pairs, broad = korean_texts(pack, cfg.seed)
+    targets_file = work / "targets.pt"
+    if not targets_file.is_file():
+        t0 = time.perf_counter()
+        texts = [c for c, _ in pairs] + [r for _, r in pairs] + broad
+        # The teacher reads contexts with its own separator, as it was trained to.
+        texts_e5 = [t.replace(pack.texts.minilm_separator, pack.texts.separator) for t in texts]
+        vectors, fit = teacher_targets(pack, cfg, texts_e5, english)
+        torch.save({"vectors": vectors, "rotation_cosine": fit, "seconds": time.perf_counter() - t0}, targets_file)
+    saved = torch.load(targets_file)
+    vectors = saved["vectors"]  # [2P + B, D]
+    n = len(pairs)
+    context_targets, reply_targets, broad_targets = vectors[:n], vectors[n : 2 * n], vectors[2 * n :]
+
+    body = pack.minilm_body()
+    student = ScriptStudent(body, start_rows(pack, pieces, body.embeddings.word_embeddings.weight.detach()))
+    tok = Tokenise(work / TOKENIZER_FILE, cfg.max_tokens, cfg.max_tokens)
+    optimizer = torch.optim.AdamW([student.korean_rows], lr=cfg.lr, weight_decay=0.0)
+
+    def encode_student(batch: list[str], context: bool) -> torch.Tensor:
+        return student(*(tok.contexts if context else tok.replies)(batch))
+
+    checkpoint = work / "checkpoint.pt"
+    at_start = None if checkpoint.is_file() else judge(encode_student, pack.texts.minilm_separator)
+    b = cfg.batch_size
+
+    def batch_loss(step: int) -> torch.Tensor:
+        at = (step * b) % (n - b)
+        contexts = student(*tok.contexts([c for c, _ in pairs[at : at + b]]))  # [b, D]
+        replies = student(*tok.replies([r for _, r in pairs[at : at + b]]))  # [b, D]
+        wide = (step * b) % (len(broad) - b)
+        others = student(*tok.replies(broad[wide : wide + b]))  # [b, D]
+        distill = torch.cat(
+            [
+                (contexts * context_targets[at : at + b]).sum(-1),
+                (replies * reply_targets[at : at + b]).sum(-1),
+                (others * broad_targets[wide : wide + b]).sum(-1),
+            ]
+        )  # [3b]
+        task = F.cross_entropy(cfg.scale * contexts @ replies.T, torch.arange(b))
+        return (1 - distill).mean() + cfg.task_weight * task
+
+    stage = run_steps(
+        "script-student", {"student": student}, optimizer, cfg.steps, cfg.warmup_fraction, batch_loss, checkpoint,
+        every=cfg.checkpoint_every, budget_s=cfg.budget_s,
+    )  # fmt: skip
+    student.eval()
+    np.save(work / ROWS_FILE, student.korean_rows.detach().numpy())
+    return {
+        "config": asdict(cfg),
+        "new_pieces": len(pieces),
+        "korean_pairs": n,
+        "broad_korean_texts": len(broad),
+        "rotation_mean_cosine": saved["rotation_cosine"],
+        "training": stage,
+        "student_at_start": at_start,  # the mapped rows before any step (None on a resumed run)
+        "student": judge(encode_student, pack.texts.minilm_separator),
+    }
+
+
+def export(pack: Pack, work: Path, bundles: Path, name: str) -> Path:
+    """The int8 bundle: the package's MiniLM (not the pack's rounded copy) with the trained rows
+    appended, parity-gated, with the reaction classifier fitted on its served vectors."""
+    record = json.loads((work / "run.json").read_text())
+    model = load_pretrained()
+    rows = torch.from_numpy(np.load(work / ROWS_FILE))  # [K, D]
+    vocab = model.body.config.vocab_size
+    model.body.resize_token_embeddings(vocab + rows.shape[0])
+    with torch.no_grad():
+        model.body.embeddings.word_embeddings.weight[vocab:] = rows
+    config = ExportConfig(
+        name=name,
+        model_id=f"sentence-transformers/all-MiniLM-L6-v2 + {rows.shape[0]} Korean rows (models/script_student.py)",
+        kind="student",
+        tokenizer_path=work / TOKENIZER_FILE,
+        max_context_tokens=record["config"]["max_tokens"],
+        training={k: v for k, v in record.items() if k not in ("student", "student_at_start")}
+        | {"hardware": {"export": hardware("cpu")}},
+        data=split_summary(),
+        language="mul",
+        languages=["en", "ko"],
+        fuse=True,
+    )
+    english = TrainPairs(pack.texts.english_minilm_contexts, pack.texts.english_replies)
+    bundle, stats = export_student(model, config, bundles, pack.texts.korean_replies, english)
+    print(f"[script-student] {bundle}: reactions {stats}", flush=True)
+    return bundle
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pack", type=Path, default=Path("artifacts/pack"))
+    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=ScriptConfig.steps)
+    parser.add_argument("--budget-s", type=float, default=ScriptConfig.budget_s)
+    parser.add_argument("--export", action="store_true", help="export a finished run as an int8 bundle")
+    parser.add_argument("--bundles", type=Path, default=Path("artifacts/bundles"))
+    parser.add_argument("--name", default="script-student-int8")
+    args = parser.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    if args.export:
+        print(export(Pack(args.pack), args.work, args.bundles, args.name))
+        return
+    cfg = ScriptConfig(steps=args.steps, budget_s=args.budget_s)
+    figures = train(Pack(args.pack), cfg, args.work)
+    (args.work / "run.json").write_text(json.dumps(figures, indent=1))
+    print(json.dumps({k: v for k, v in figures.items() if k != "config"}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

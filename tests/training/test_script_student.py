@@ -1,0 +1,69 @@
+"""MiniLM with new Korean rows (models/script_student.py): the pieces it adds, a
+tokenizer that reads English as MiniLM's does, and a student whose English is MiniLM's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer
+
+from core.bundle import TOKENIZER_FILE
+from models.encoder import mean_pool, minilm_path
+from models.script_student import ScriptStudent, check_english, extend_tokenizer, korean_pieces
+from tests.training.tiny_bert import tiny
+
+pytestmark = pytest.mark.training
+
+ENGLISH = [
+    "Hello there, how are you doing today?",
+    "I can't believe it's already Thursday... café crème, naïve résumé!",
+    "My wife left me today [SEP] oh no, I'm so sorry",
+]
+
+
+def test_korean_pieces_are_spelt_as_wordpiece_spells_words_and_cover_every_syllable_they_hold() -> None:
+    e5 = {"▁": 0, "▁안녕": 1, "하세요": 2, "▁hello": 3, "요": 4, "▁가": 5}
+    pieces = korean_pieces(e5, minilm_vocab={"[UNK]": 0, "hello": 1, "가": 2})
+    assert pieces["안녕"] == [1] and pieces["##하세요"] == [2] and pieces["##요"] == [4]
+    # Syllables of longer pieces, as words and as continuations; a syllable MiniLM has is its own.
+    assert {"안", "##안", "녕", "##녕", "하", "##하", "세", "##세", "##가"} <= set(pieces)
+    assert "가" not in pieces and "hello" not in pieces and "##" not in pieces
+    assert pieces["##가"] == [5]  # e5 has only the word start: it starts the continuation too
+
+
+def test_the_extended_tokenizer_reads_english_as_minilm_does_and_korean_without_unk(tmp_path: Path) -> None:
+    minilm = minilm_path() / TOKENIZER_FILE
+    e5 = {"▁": 0, "▁안녕": 1, "하세요": 2, "▁친구": 3, "야": 4}
+    pieces = korean_pieces(e5, Tokenizer.from_file(str(minilm)).get_vocab())
+    extended = tmp_path / TOKENIZER_FILE
+    extend_tokenizer(minilm, list(pieces), extended)
+    check_english(minilm, extended, ENGLISH)
+    tokens = [t for t in Tokenizer.from_file(str(extended)).encode("안녕하세요 친구야").tokens if t != "[PAD]"]
+    assert tokens == ["[CLS]", "안녕", "##하세요", "친구", "##야", "[SEP]"]
+    # MiniLM's own normaliser takes Hangul apart into jamo; ours puts it back together.
+    assert Tokenizer.from_file(str(minilm)).encode("안녕").tokens[1:4] == ["ᄋ", "##ᅡ", "##ᆫ"]
+
+
+def test_check_english_names_a_text_that_tokenises_differently(tmp_path: Path) -> None:
+    minilm = minilm_path() / TOKENIZER_FILE
+    extended = tmp_path / TOKENIZER_FILE
+    extend_tokenizer(minilm, ["hellothere"], extended)  # a Latin piece would change English
+    with pytest.raises(ValueError, match="Hellothere"):
+        check_english(minilm, extended, ["Hellothere friend"])
+
+
+def test_the_student_reads_old_ids_as_the_body_does_and_trains_only_the_new_rows() -> None:
+    body, _ = tiny(vocab_size=50)
+    student = ScriptStudent(body, torch.randn(4, body.config.hidden_size))  # ids 50..53 are new
+    ids = torch.tensor([[1, 5, 7, 0], [2, 3, 0, 0]])  # [B, T]
+    mask = (ids > 0).long()
+    with torch.no_grad():
+        hidden = body(input_ids=ids, attention_mask=mask).last_hidden_state  # [B, T, D]
+        expected = torch.nn.functional.normalize(mean_pool(hidden, mask), dim=-1)
+        assert torch.allclose(student(ids, mask), expected, atol=1e-5)
+    student(torch.tensor([[1, 51, 52]]), torch.ones(1, 3, dtype=torch.long)).sum().backward()
+    assert [name for name, p in student.named_parameters() if p.grad is not None] == ["korean_rows"]
+    assert student.korean_rows.grad is not None
+    assert student.korean_rows.grad[1].abs().sum() > 0 and student.korean_rows.grad[0].abs().sum() == 0
