@@ -14,13 +14,16 @@ export TRANSFORMERS_OFFLINE := 1
 PIP_INSTALL := $(PY) -m pip install --quiet --disable-pip-version-check $(if $(WHEELS),--find-links $(WHEELS))
 
 PROFILE ?= full
-STUDENT := artifacts/bundles/e5-student-l9-int8
+# The release: all-MiniLM-L6-v2 whole, with Korean rows trained here (`make train-script`).
+STUDENT := artifacts/bundles/script-student-int8
+# The 9-layer e5 student of the CPU recipe (`make train`), built and gated, not released.
+E5_STUDENT := artifacts/bundles/e5-student-l9-int8
 JUDGE   := artifacts/bundles/minilm-l6-zeroshot-int8
 ZEROSHOT_E5 := artifacts/bundles/multilingual-e5-small-int8
 # The English-only MiniLM student that served before the multilingual one (`make train-minilm`).
 MINILM_STUDENT := artifacts/bundles/chitchat-student-l3-int8
 
-.PHONY: help install install-train install-test install-dev run serve index train train-minilm eval ood release judge \
+.PHONY: help install install-train install-test install-dev run serve index train train-script train-minilm eval ood release judge \
 	baselines pack train-live multilingual multilingual-tune multilingual-release run-multilingual test test-service test-training \
 	lint format typecheck pytest lock bench bench-profile bench-load bench-ann bench-filters bench-cache bench-narrow bench-exact-query bench-rerank bench-reindex bench-first-run chaos clean \
 	docker
@@ -103,12 +106,20 @@ baselines: judge $(VENV)/.multilingual
 	$(PY) -m models.multilingual --zero-shot --if-missing
 	$(PY) -m models.multilingual --if-missing
 
-# The release run, each stage resumable (rerun to continue): the teacher (e5-small's top 6
-# layers tuned on chitchat and our Korean, 240 steps, ~55 min on 2 CPU cores), the 9-layer student
+# The e5 student's run (built and gated, not released), each stage resumable (rerun to
+# continue): the teacher (e5-small's top 6 layers tuned on chitchat and our Korean, 240 steps, ~55 min on 2 CPU cores), the 9-layer student
 # distilled from it and from MiniLM (models/e5_student.py), its index, its calibration, `make eval`.
 train: baselines  ## teacher -> student -> index -> calibrate -> eval (DEVICE=cuda to train on a GPU)
 	$(PY) -m models.multilingual_tune --steps 240 $(if $(DEVICE),--device $(DEVICE))
 	$(PY) -m models.e5_student $(if $(DEVICE),--device $(DEVICE))
+	$(PY) -m index --if-missing --bundle $(E5_STUDENT)
+	$(PY) -m models.calibrate --bundle $(E5_STUDENT) --judge $(JUDGE)
+	$(MAKE) eval STUDENT=$(E5_STUDENT)
+
+# The release's recipe (models/script_student.py): only the Korean rows train, 30 min on 2 CPU cores.
+train-script: pack judge  ## MiniLM + trained Korean rows -> int8 bundle -> index -> calibrate -> eval
+	$(PY) -m models.script_student --work artifacts/script-student
+	$(PY) -m models.script_student --work artifacts/script-student --export
 	$(PY) -m index --if-missing --bundle $(STUDENT)
 	$(PY) -m models.calibrate --bundle $(STUDENT) --judge $(JUDGE)
 	$(MAKE) eval

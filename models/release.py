@@ -1,7 +1,7 @@
 """`make release`: promote a trained, calibrated and evaluated bundle into the
 release folder that git tracks and every fresh clone serves.
 
-    python -m models.release --bundle artifacts/bundles/e5-student-l9-int8 [--ood reports/ood.json]
+    python -m models.release --bundle artifacts/bundles/script-student-int8 [--ood reports/ood.json]
 
 The bundle must check out against its own manifest and pass every gate
 below, on three kinds of evidence:
@@ -279,7 +279,7 @@ def _waiver(text: str) -> tuple[str, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--bundle", type=Path, default=Path("artifacts/bundles/e5-student-l9-int8"))
+    parser.add_argument("--bundle", type=Path, default=Path("artifacts/bundles/script-student-int8"))
     parser.add_argument("--ood", type=Path, default=Path("reports/ood.json"), help="python -m bench.ood's rows")
     parser.add_argument("--bundles", type=Path, default=Path("artifacts/bundles"), help="where the baselines are")
     parser.add_argument("--target", type=Path, default=RELEASE_BUNDLE)

@@ -17,17 +17,18 @@ def test_the_shipped_bundle_agrees_with_its_manifest() -> None:
 def test_the_shipped_bundle_is_the_trained_student_with_everything_it_serves() -> None:
     manifest = open_bundle(RELEASE_BUNDLE)
     assert manifest.servable and manifest.kind == "student" and manifest.quantization.startswith("int8")
-    assert manifest.poly is not None and manifest.reactions is not None and manifest.confidence is not None
+    assert manifest.reactions is not None and manifest.confidence is not None
     assert manifest.calibration["reaction_share"] == 0.1
-    assert {"r_at_1", "rerank_r_at_1", "confidence_auroc", "served_echo_share"} <= set(manifest.eval)
+    assert {"r_at_1", "confidence_auroc", "served_echo_share"} <= set(manifest.eval)
+    assert manifest.poly is None or "rerank_r_at_1" in manifest.eval  # a poly head ships with what it measured
+    assert manifest.language == "mul" and set(manifest.languages) == {"en", "ko"}  # what /info names
 
 
 def test_the_shipped_bundle_says_how_it_was_made_and_released() -> None:
     manifest = open_bundle(RELEASE_BUNDLE)
     training = manifest.training
-    assert training["profile"] == "full" and training["config"]["seed"] == 0
-    assert training["hardware"]["cores"] >= 1 and training["seconds_total"] > 0
-    assert {"teacher", "teacher_vectors", "student"} <= set(training["stages"])
+    assert training["config"]["seed"] == 0 and training["training"]["seconds"] > 0
+    assert training["hardware"]["export"]["cores"] >= 1
     assert manifest.data["split_sha256"] == split_summary()["split_sha256"]  # the split it was evaluated on
     gates = {g["gate"]: g for g in manifest.release["gates"]}
     assert set(gates) == {g.name for g in GATES}
