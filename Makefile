@@ -20,7 +20,7 @@ STUDENT := artifacts/bundles/script-student-int8
 E5_STUDENT := artifacts/bundles/e5-student-l9-int8
 JUDGE   := artifacts/bundles/minilm-l6-zeroshot-int8
 ZEROSHOT_E5 := artifacts/bundles/multilingual-e5-small-int8
-# The English-only MiniLM student that served before the multilingual one (`make train-minilm`).
+# The English-only MiniLM student that served before the script student (`make train-minilm`).
 MINILM_STUDENT := artifacts/bundles/chitchat-student-l3-int8
 
 .PHONY: help install install-train install-test install-dev run serve index train train-script train-minilm eval ood release judge \
@@ -107,8 +107,9 @@ baselines: judge $(VENV)/.multilingual
 	$(PY) -m models.multilingual --if-missing
 
 # The e5 student's run (built and gated, not released), each stage resumable (rerun to
-# continue): the teacher (e5-small's top 6 layers tuned on chitchat and our Korean, 240 steps, ~55 min on 2 CPU cores), the 9-layer student
-# distilled from it and from MiniLM (models/e5_student.py), its index, its calibration, `make eval`.
+# continue): the teacher (e5-small's top 6 layers tuned on chitchat and our Korean, 240 steps,
+# ~55 min on 2 CPU cores), the 9-layer student distilled from it and from MiniLM
+# (models/e5_student.py), its index, its calibration, `make eval`.
 train: baselines  ## teacher -> student -> index -> calibrate -> eval (DEVICE=cuda to train on a GPU)
 	$(PY) -m models.multilingual_tune --steps 240 $(if $(DEVICE),--device $(DEVICE))
 	$(PY) -m models.e5_student $(if $(DEVICE),--device $(DEVICE))
