@@ -199,8 +199,8 @@ class ReplyRequest(Options):
     ) = Field(default=None, description="Strategies allowed, tried in the fixed order; no repeats.")
     rerank: Annotated[bool, Field(strict=True)] | None = Field(
         default=None,
-        description="Rerank reply matching with the poly head (the model must have one); "
-        "absent: the service's default, off unless CHITCHAT_RERANK_BY_DEFAULT is set.",
+        description="Rerank reply matching with the poly head, where the model has one (`reranked` in the "
+        "answer says whether it ran); absent: the service's default, off unless CHITCHAT_RERANK_BY_DEFAULT is set.",
     )
     thresholds: ThresholdOverrides | None = Field(
         default=None, description="Override the model's calibrated thresholds for this request."

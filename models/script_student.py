@@ -9,8 +9,8 @@ all-MiniLM-L6-v2. This student keeps MiniLM whole: its WordPiece vocabulary,
 its embedding rows and its six layers, all frozen. The vocabulary gains one
 row per Hangul piece of the pack's trimmed XLM-R vocabulary, spelt as
 WordPiece spells words ("▁안녕" is "안녕", a continuation "하세요" is
-"##하세요"), and one per Hangul syllable in both spellings, so that no Korean
-word falls to [UNK]. A word is all one script between BERT's splits, so an
+"##하세요"), and one per syllable those pieces hold, in both spellings, so that
+few Korean words fall to [UNK]. A word is all one script between BERT's splits, so an
 English text never meets a new row: English tokens, and so English vectors,
 are MiniLM's by construction (`check_english`, and a test, hold that).
 

@@ -146,16 +146,24 @@ async def test_bad_overrides_are_rejected_naming_the_field(
     assert response.json()["error"]["field"] == field
 
 
-@pytest.mark.parametrize(
-    ("body", "field"),
-    [({"rerank": True}, "rerank"), ({"strategies": ["reaction"]}, "strategies")],
-)
-async def test_asking_for_what_the_bundle_lacks_is_a_422(
-    client: httpx.AsyncClient, body: dict[str, object], field: str
-) -> None:
-    response = await client.post("/reply", json={"context": ["hi"], **body})  # the plain tiny bundle
+async def test_asking_for_reactions_the_bundle_lacks_is_a_422(client: httpx.AsyncClient) -> None:
+    # The plain tiny bundle has no reaction classifier, and no reactions were uploaded.
+    response = await client.post("/reply", json={"context": ["hi"], "strategies": ["reaction"]})
     assert response.status_code == 422
-    assert response.json()["error"]["field"] == field
+    assert response.json()["error"]["field"] == "strategies"
+
+
+async def test_rerank_on_a_bundle_without_a_poly_head_answers_without_it_and_says_so(
+    client: httpx.AsyncClient,
+) -> None:
+    # A client that always asks for rerank keeps working when the release has no head (as now).
+    body = {"context": ["have you seen any good movies lately?"], "strategies": ["reply_matching"], "k": 5}
+    asked = await client.post("/reply", json={**body, "rerank": True})  # the plain tiny bundle
+    plain = (await client.post("/reply", json=body)).json()
+    info = (await client.get("/info")).json()
+    assert asked.status_code == 200 and asked.json()["reranked"] is False
+    assert asked.json()["candidates"] == plain["candidates"]
+    assert info["model"]["poly"] is None
 
 
 async def test_no_english_reaction_in_a_korean_conversation(poly_artifacts: Path) -> None:
@@ -169,5 +177,6 @@ async def test_no_english_reaction_in_a_korean_conversation(poly_artifacts: Path
         info = (await client.get("/info")).json()
     assert english["source"] == "reaction"
     assert korean["source"] == "reply_matching"  # the reaction set is English: the fallback is off here
-    assert only_reactions.status_code == 422 and only_reactions.json()["error"]["field"] == "strategies"
+    # The request is valid; no stored reaction speaks Korean: as a filter that admits nothing.
+    assert only_reactions.status_code == 404 and only_reactions.json()["error"]["field"] == "strategies"
     assert info["model"]["reactions"]["language"] == "en" and "Latin" in info["model"]["reaction_fallback"]

@@ -93,7 +93,7 @@ async def embed(
 class ReplyOptions:
     k: int
     strategies: Sequence[Strategy]
-    rerank: bool | None = None  # None: `rerank_by_default`, where the bundle has a poly head
+    rerank: bool | None = None  # None: `rerank_by_default`; either way, only where the bundle has a poly head
     rerank_by_default: bool = False  # Settings.rerank_by_default
     thresholds: dict[str, float] | None = None  # per-request overrides of the bundle's thresholds
     rerank_depth: int = 50  # FAISS hits the poly head rescores
@@ -118,14 +118,18 @@ async def reply(runtime: Runtime, turns: Sequence[str], options: ReplyOptions, e
     serving = runtime.current(options.set_name)  # this request's snapshot, start to end
     allowed = options.strategies
     window = list(turns[-serving.bundle.max_context_turns :])  # what the context vector sees
-    asked = options.rerank
-    rerank = options.rerank_by_default and serving.reranker is not None if asked is None else asked
-    if rerank and serving.reranker is None:
-        raise Unsupported("rerank", f"bundle {serving.bundle.name} has no poly head to rerank with")
+    asked = options.rerank_by_default if options.rerank is None else options.rerank
+    # A bundle without a poly head answers unreranked, and the answer's `reranked` says so: a client
+    # that always asks keeps working across bundles (the release has none; /info shows `poly`).
+    rerank = asked and serving.reranker is not None
     if list(allowed) == ["reaction"] and not serving.reactions_apply(window, options.rule):
+        if not serving.reaction_sets():
+            raise Unsupported("strategies", "this bundle has no reaction set, and none was uploaded")
         if not serving.reactions_apply(window):
-            raise Unsupported(
-                "strategies", "no reaction set (the model's, or uploaded) speaks this conversation's language"
+            # A valid request that no stored reaction can answer, as with a filter that admits none: a
+            # multilingual bundle assumes no language for a window without letters ("0", "😂").
+            raise NoCandidates(
+                "no reaction set (the model's, or uploaded) speaks this conversation's language", "strategies"
             )
         raise NoCandidates("no reaction in this conversation's language matches the filter and exclude_ids", "filter")
     # At the bundle's threshold query similarity answers on a near copy of a stored query, in
