@@ -55,7 +55,7 @@ from models.encoder import load_pretrained, mean_pool
 from models.export import ExportConfig
 from models.live_student import WORD_EMBEDDINGS, Pack, procrustes
 from models.loop import run_steps
-from models.mapped_student import encode_all, fit_map, judge, pooled, shared_words
+from models.mapped_student import ENGLISH_POOLS, encode_all, fit_map, judge, pooled, shared_words
 from models.pack import MINILM_DIR, STUDENT_TOKENIZER
 from models.train import hardware
 
@@ -186,7 +186,7 @@ def teacher_targets(pack: Pack, cfg: ScriptConfig, texts: list[str], english: li
 
 
 def english_sample(pack: Pack, count: int, seed: int) -> list[str]:
-    texts = [t for pool in ("en-chat", "en-gloss", "en-prose") for t in pack.texts.broad.get(pool, [])]
+    texts = [t for pool in ENGLISH_POOLS for t in pack.texts.broad.get(pool, [])]
     random.Random(seed).shuffle(texts)
     return texts[:count]
 
