@@ -59,3 +59,29 @@ def test_failed_parity_leaves_no_bundle(tmp_path: Path) -> None:
     with pytest.raises(ParityError):
         export_bundle(DualEncoder(tiny_body(vocab_size=30522)), config, tmp_path, TINY_PARITY_TEXTS)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_fused_fp32_export_is_fused_exact_and_keeps_the_ffn_names_the_int8_pass_excludes(tmp_path: Path) -> None:
+    import onnx
+
+    from models.export import _ffn_down_projections
+
+    body = tiny_body(vocab_size=30522, seed=5)
+    config = ExportConfig(
+        name="tiny-fused-fp32",
+        model_id="t",
+        kind="tiny",
+        tokenizer_path=minilm_path() / TOKENIZER_FILE,
+        quantize=False,
+        fuse=True,
+    )
+    bundle_dir = export_bundle(DualEncoder(body), config, tmp_path, TINY_PARITY_TEXTS)
+    manifest = read_manifest(bundle_dir)
+    assert manifest.quantization == "fused, none"
+    assert manifest.parity["min_cosine"] > 0.9999
+    graph = onnx.load(str(bundle_dir / "encoder.onnx")).graph
+    layers = body.config.num_hidden_layers
+    assert sum(n.op_type == "Attention" for n in graph.node) == layers
+    # The fused int8 attempt keeps these in fp32 only if it finds one a layer.
+    assert len(_ffn_down_projections(bundle_dir / "encoder.onnx")) == layers
+    assert sorted(p.name for p in bundle_dir.iterdir()) == ["encoder.onnx", "manifest.json", "tokenizer.json"]
