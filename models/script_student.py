@@ -2,6 +2,8 @@
 
     python -m models.script_student --work artifacts/script-student              # train, judge, resumable
     python -m models.script_student --work artifacts/script-student --export     # -> an int8 bundle
+    python -m models.script_student --work DIR --rows-from models/release/chitchat --export [--fp32] [--fuse]
+        # the shipped rows, re-exported under another graph or precision, without the training run
 
 Run 3 and run 4 (docs/training.md) found that a student reading one
 multilingual tokenizer ranks English replies it never saw far below
@@ -61,6 +63,7 @@ from models.train import hardware
 
 TOKENIZER_FILE = "tokenizer.json"
 ROWS_FILE = "korean_rows.npy"
+WORD_TABLE = f"body.{WORD_EMBEDDINGS}"  # the ONNX initializer's name, as torch exports it
 HANGUL = re.compile(r"[\u1100-\u11ff\u3130-\u318f\uac00-\ud7a3]")
 KOREAN_POOLS = ("ko-chat", "ko-prose")
 
@@ -260,9 +263,48 @@ def train(pack: Pack, cfg: ScriptConfig, work: Path) -> dict[str, Any]:
     }
 
 
-def export(pack: Pack, work: Path, bundles: Path, name: str) -> Path:
+def served_word_rows(bundle: Path) -> tuple[np.ndarray, float]:
+    """A bundle's word embedding table as it serves it: the int8 rows dequantized. Returns the
+    table [V + K, D] and its quantisation step (the rows are within half a step of the fp32 ones)."""
+    import onnx
+    from onnx import numpy_helper
+
+    from core.bundle import ENCODER_FILE
+
+    tensors = {t.name: t for t in onnx.load(str(bundle / ENCODER_FILE)).graph.initializer}
+    table = numpy_helper.to_array(tensors[WORD_TABLE + "_quantized"]).astype(np.float32)  # [V + K, D]
+    scale = float(numpy_helper.to_array(tensors[WORD_TABLE + "_scale"]))  # one scale: a per-tensor Gather
+    zero = float(numpy_helper.to_array(tensors[WORD_TABLE + "_zero_point"]))
+    return (table - zero) * scale, scale
+
+
+def rows_from_bundle(bundle: Path, work: Path) -> None:
+    """Writes a bundle's Korean rows, tokenizer and training record into `work`, as a finished run
+    leaves them, so that `export` can rebuild the bundle under another graph or precision.
+
+    The rows are the ones the bundle serves, not the fp32 rows the training run ended with (they
+    differ by int8 rounding): an int8 re-export of them writes the same encoder.onnx, byte for byte.
+    """
+    from core.bundle import read_manifest
+
+    table, _ = served_word_rows(bundle)  # [V + K, D]
+    np.save(work / ROWS_FILE, table[load_pretrained().body.config.vocab_size :])  # [K, D]
+    (work / TOKENIZER_FILE).write_bytes((bundle / TOKENIZER_FILE).read_bytes())
+    training = dict(read_manifest(bundle).training)
+    training.pop("hardware", None)
+    (work / "run.json").write_text(json.dumps(training | {"rows_from": str(bundle)}, indent=1))
+
+
+def export(pack: Pack, work: Path, bundles: Path, name: str, quantize: bool = True, fuse: bool = False) -> Path:
     """The int8 bundle: the package's MiniLM (not the pack's rounded copy) with the trained rows
-    appended, parity-gated, with the reaction classifier fitted on its served vectors."""
+    appended, parity-gated, with the reaction classifier fitted on its served vectors.
+    `quantize=False` writes the fp32 graph instead (a speed baseline, never served on its own).
+
+    Unfused by default, as the zero-shot MiniLM bundle is built: then an English text gets the
+    same int8 vector from both, and the English gates against zero-shot MiniLM read exactly 0.
+    `fuse` buys about 10% of a query on an AMD EPYC without VNNI (`bench.precision`, docs/
+    training.md) at a mean cosine of 0.996 to the unfused build, so English would drift a little.
+    """
     record = json.loads((work / "run.json").read_text())
     model = load_pretrained()
     rows = torch.from_numpy(np.load(work / ROWS_FILE))  # [K, D]
@@ -281,7 +323,9 @@ def export(pack: Pack, work: Path, bundles: Path, name: str) -> Path:
         data=split_summary(),
         language="mul",
         languages=["en", "ko"],
-        fuse=True,
+        fuse=fuse,
+        quantize=quantize,
+        servable=quantize,
     )
     english = TrainPairs(pack.texts.english_minilm_contexts, pack.texts.english_replies)
     bundle, stats = export_student(model, config, bundles, pack.texts.korean_replies, english)
@@ -298,10 +342,15 @@ def main() -> None:
     parser.add_argument("--export", action="store_true", help="export a finished run as an int8 bundle")
     parser.add_argument("--bundles", type=Path, default=Path("artifacts/bundles"))
     parser.add_argument("--name", default="script-student-int8")
+    parser.add_argument("--rows-from", type=Path, help="a bundle of this student whose rows --export rebuilds")
+    parser.add_argument("--fp32", action="store_true", help="--export without int8 (a speed baseline)")
+    parser.add_argument("--fuse", action="store_true", help="--export with ORT's transformer fusions")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
+    if args.rows_from:
+        rows_from_bundle(args.rows_from, args.work)
     if args.export:
-        print(export(Pack(args.pack), args.work, args.bundles, args.name))
+        print(export(Pack(args.pack), args.work, args.bundles, args.name, not args.fp32, args.fuse))
         return
     cfg = ScriptConfig(steps=args.steps, budget_s=args.budget_s)
     figures = train(Pack(args.pack), cfg, args.work)

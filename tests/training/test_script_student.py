@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from tokenizers import Tokenizer
@@ -67,3 +68,20 @@ def test_the_student_reads_old_ids_as_the_body_does_and_trains_only_the_new_rows
     assert [name for name, p in student.named_parameters() if p.grad is not None] == ["korean_rows"]
     assert student.korean_rows.grad is not None
     assert student.korean_rows.grad[1].abs().sum() > 0 and student.korean_rows.grad[0].abs().sum() == 0
+
+
+def test_the_release_serves_minilms_english_rows_and_its_korean_rows_can_be_read_back(tmp_path: Path) -> None:
+    from core.bundle import RELEASE_BUNDLE, read_manifest
+    from models.encoder import load_pretrained
+    from models.script_student import ROWS_FILE, rows_from_bundle, served_word_rows
+
+    if read_manifest(RELEASE_BUNDLE).name != "script-student-int8":
+        pytest.skip("the release is not this student")
+    table, step = served_word_rows(RELEASE_BUNDLE)  # [V + K, D]
+    minilm = load_pretrained().body.embeddings.word_embeddings.weight.detach().numpy()  # [V, D]
+    assert np.abs(table[: len(minilm)] - minilm).max() <= step / 2 + 1e-6
+    rows_from_bundle(RELEASE_BUNDLE, tmp_path)
+    rows = np.load(tmp_path / ROWS_FILE)  # [K, D]
+    assert rows.shape == (len(table) - len(minilm), minilm.shape[1])
+    assert read_manifest(RELEASE_BUNDLE).training["new_pieces"] == len(rows)
+    assert (tmp_path / TOKENIZER_FILE).read_bytes() == (RELEASE_BUNDLE / TOKENIZER_FILE).read_bytes()
