@@ -25,7 +25,7 @@ MINILM_STUDENT := artifacts/bundles/chitchat-student-l3-int8
 
 .PHONY: help install install-train install-test install-dev run serve index train train-script train-minilm eval ood release judge \
 	baselines pack train-live multilingual multilingual-tune multilingual-release run-multilingual test test-service test-training \
-	lint format typecheck pytest lock bench bench-profile bench-load bench-ann bench-filters bench-cache bench-narrow bench-exact-query bench-rerank bench-reindex bench-first-run chaos clean \
+	lint format typecheck pytest lock bench bench-profile bench-load bench-precision bench-ann bench-filters bench-cache bench-narrow bench-exact-query bench-rerank bench-reindex bench-first-run chaos clean \
 	docker
 
 help:
@@ -204,6 +204,15 @@ bench-load: install-train index  ## the service against a naive one under wrk ->
 	@command -v wrk >/dev/null || apt-get install -y -qq wrk
 	$(PIP_INSTALL) -e '.[train,bench]'
 	$(PY) -m bench.load
+
+# The release's own weights rebuilt fused and in fp32 (no training run: the rows are read back
+# out of the bundle), then timed side by side with it: does another graph or precision pay here?
+PRECISION_BUILDS := script-student-fused-int8 script-student-fp32 script-student-fp32-fused
+bench-precision: pack  ## the release's weights as int8 / fused / fp32 builds on this CPU -> reports/precision.{md,json}
+	$(PY) -m models.script_student --work artifacts/script-rows --rows-from $(RELEASE_DIR) --export --fuse --name script-student-fused-int8
+	$(PY) -m models.script_student --work artifacts/script-rows --export --fp32 --name script-student-fp32
+	$(PY) -m models.script_student --work artifacts/script-rows --export --fp32 --fuse --name script-student-fp32-fused
+	$(PY) -m bench.precision $(RELEASE_DIR) $(addprefix artifacts/bundles/,$(PRECISION_BUILDS))
 
 bench-ann: install index  ## FAISS index choices: recall against exact search, size, speed -> reports/ann.{md,json}
 	$(PY) -m bench.ann
