@@ -29,6 +29,10 @@ every cosine, so the targets rank Korean as e5 does). Texts: our Korean
 pairs (written and translated) and the pack's Korean prose; the loss is
 1 - cosine to the targets, plus `task_weight` of in-batch contrastive loss on
 the pairs. Nothing here reads chatterbot-corpus or an STS set but to judge.
+
+`--translation-targets` (run 6): where a Korean text is our translation of
+chitchat train turns, its target is MiniLM's vector of the English original
+instead, so the rows learn to read Korean as MiniLM reads English.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from tokenizers import Tokenizer
 from torch import nn
 from transformers import BertModel
 
-from index.corpus import split_summary
+from index.corpus import load_conversations, split_summary
 from models.batches import Tokenise
 from models.dataset import TrainPairs
 from models.e5_student import export_student
@@ -60,6 +64,7 @@ from models.loop import run_steps
 from models.mapped_student import ENGLISH_POOLS, encode_all, fit_map, judge, pooled, shared_words
 from models.pack import MINILM_DIR, STUDENT_TOKENIZER
 from models.train import hardware
+from models.written_korean import TRANSLATED
 
 TOKENIZER_FILE = "tokenizer.json"
 ROWS_FILE = "korean_rows.npy"
@@ -83,6 +88,11 @@ class ScriptConfig:
     max_tokens: int = 64  # MiniLM's bundle cuts contexts at 64 tokens
     checkpoint_every: int = 100
     seed: int = 0
+    # Where a Korean text is our translation of a chitchat train turn (about half of them), its
+    # target is MiniLM's own vector of the English original rather than e5's vector rotated into
+    # MiniLM's space (a loose fit, mean cosine 0.46): the rows learn to read Korean as MiniLM
+    # reads English. Off, as the release was trained (run 5); run 6 tried it (docs/training.md).
+    translation_targets: bool = False
 
 
 def korean_pieces(e5_vocab: dict[str, int], minilm_vocab: dict[str, int]) -> dict[str, list[int]]:
@@ -194,6 +204,33 @@ def english_sample(pack: Pack, count: int, seed: int) -> list[str]:
     return texts[:count]
 
 
+def english_originals(texts: list[str], separator: str, minilm_separator: str) -> list[str | None]:
+    """For each Korean text (turns joined by `separator`), the chitchat turns it translates, joined
+    by `minilm_separator`; None where any turn is not our translation of a chitchat turn."""
+    conversations = {c.id: c for c in load_conversations()}
+    original: dict[str, str] = {}
+    for line in TRANSLATED.read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        turns = conversations[row["source"]].turns[row["start"] : row["start"] + len(row["turns"])]
+        original.update(zip(row["turns"], turns, strict=True))
+    found = [[original.get(turn) for turn in text.split(separator)] for text in texts]
+    return [None if None in turns else minilm_separator.join(t or "" for t in turns) for turns in found]
+
+
+@torch.no_grad()
+def translation_targets(pack: Pack, texts: list[str], targets: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """`targets` [N, D] with each row whose text translates chitchat replaced by MiniLM's vector of
+    the English original; and how many were replaced."""
+    english = english_originals(texts, pack.texts.separator, pack.texts.minilm_separator)
+    rows = [i for i, text in enumerate(english) if text is not None]
+    minilm = pack.minilm_body().eval()
+    tok = Tokenise(pack.folder / MINILM_DIR / TOKENIZER_FILE, 128, 128)
+    vectors = encode_all(lambda batch, _: pooled(minilm, tok.replies(batch)), [english[i] for i in rows], False)
+    targets = targets.clone()
+    targets[rows] = vectors  # [R, D]
+    return targets, len(rows)
+
+
 def train(pack: Pack, cfg: ScriptConfig, work: Path) -> dict[str, Any]:
     torch.manual_seed(cfg.seed)
     minilm_tokenizer = pack.folder / MINILM_DIR / TOKENIZER_FILE
@@ -204,14 +241,18 @@ def train(pack: Pack, cfg: ScriptConfig, work: Path) -> dict[str, Any]:
     check_english(minilm_tokenizer, work / TOKENIZER_FILE, english + pack.texts.english_minilm_contexts[:4096])
 
     pairs, broad = korean_texts(pack, cfg.seed)
-    targets_file = work / "targets.pt"
+    targets_file = work / ("targets-translation.pt" if cfg.translation_targets else "targets.pt")
     if not targets_file.is_file():
         t0 = time.perf_counter()
         texts = [c for c, _ in pairs] + [r for _, r in pairs] + broad
         # The teacher reads contexts with its own separator, as it was trained to.
         texts_e5 = [t.replace(pack.texts.minilm_separator, pack.texts.separator) for t in texts]
         vectors, fit = teacher_targets(pack, cfg, texts_e5, english)
-        torch.save({"vectors": vectors, "rotation_cosine": fit, "seconds": time.perf_counter() - t0}, targets_file)
+        translated = 0
+        if cfg.translation_targets:
+            vectors, translated = translation_targets(pack, texts_e5, vectors)
+        saved = {"vectors": vectors, "rotation_cosine": fit, "translated": translated}
+        torch.save(saved | {"seconds": time.perf_counter() - t0}, targets_file)
     saved = torch.load(targets_file)
     vectors = saved["vectors"]  # [2P + B, D]
     n = len(pairs)
@@ -257,6 +298,7 @@ def train(pack: Pack, cfg: ScriptConfig, work: Path) -> dict[str, Any]:
         "korean_pairs": n,
         "broad_korean_texts": len(broad),
         "rotation_mean_cosine": saved["rotation_cosine"],
+        "translation_targets": saved.get("translated", 0),  # texts whose target is MiniLM's English original
         "training": stage,
         "student_at_start": at_start,  # the mapped rows before any step (None on a resumed run)
         "student": judge(encode_student, pack.texts.minilm_separator),
@@ -342,6 +384,9 @@ def main() -> None:
     parser.add_argument("--export", action="store_true", help="export a finished run as an int8 bundle")
     parser.add_argument("--bundles", type=Path, default=Path("artifacts/bundles"))
     parser.add_argument("--name", default="script-student-int8")
+    parser.add_argument(
+        "--translation-targets", action="store_true", help="MiniLM's vectors of the English originals (run 6)"
+    )
     parser.add_argument("--rows-from", type=Path, help="a bundle of this student whose rows --export rebuilds")
     parser.add_argument("--fp32", action="store_true", help="--export without int8 (a speed baseline)")
     parser.add_argument("--fuse", action="store_true", help="--export with ORT's transformer fusions")
@@ -352,7 +397,7 @@ def main() -> None:
     if args.export:
         print(export(Pack(args.pack), args.work, args.bundles, args.name, not args.fp32, args.fuse))
         return
-    cfg = ScriptConfig(steps=args.steps, budget_s=args.budget_s)
+    cfg = ScriptConfig(steps=args.steps, budget_s=args.budget_s, translation_targets=args.translation_targets)
     figures = train(Pack(args.pack), cfg, args.work)
     (args.work / "run.json").write_text(json.dumps(figures, indent=1))
     print(json.dumps({k: v for k, v in figures.items() if k != "config"}, indent=1))

@@ -85,3 +85,19 @@ def test_the_release_serves_minilms_english_rows_and_its_korean_rows_can_be_read
     assert rows.shape == (len(table) - len(minilm), minilm.shape[1])
     assert read_manifest(RELEASE_BUNDLE).training["new_pieces"] == len(rows)
     assert (tmp_path / TOKENIZER_FILE).read_bytes() == (RELEASE_BUNDLE / TOKENIZER_FILE).read_bytes()
+
+
+def test_translated_korean_maps_to_the_chitchat_turns_it_translates_and_nothing_else_does() -> None:
+    import json
+
+    from index.corpus import load_conversations
+    from models.script_student import english_originals
+    from models.written_korean import TRANSLATED
+
+    row = json.loads(TRANSLATED.read_text(encoding="utf-8").splitlines()[0])
+    original = {c.id: c for c in load_conversations()}[row["source"]].turns[row["start"] :]
+    two_turns = "\n".join(row["turns"][:2])
+    found = english_originals(
+        [row["turns"][1], two_turns, "안녕하세요 처음 뵙겠습니다", row["turns"][0] + "\n안녕"], "\n", " [SEP] "
+    )
+    assert found == [original[1], f"{original[0]} [SEP] {original[1]}", None, None]
