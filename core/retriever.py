@@ -154,7 +154,7 @@ class Avoid:
         return normalized in self.texts or echoes(normalized, self.turns, normalized=True)
 
 
-def _distinct(hits: list[Scored], k: int, avoid: Avoid) -> list[Scored]:
+def distinct(hits: list[Scored], k: int, avoid: Avoid) -> list[Scored]:
     """First hit per reply, skipping what `avoid` blocks."""
     seen: set[int] = set()
     out = []
@@ -168,7 +168,7 @@ def _distinct(hits: list[Scored], k: int, avoid: Avoid) -> list[Scored]:
     return out
 
 
-def _in_script(hits: list[Scored], script: str | None) -> list[Scored]:
+def in_script(hits: list[Scored], script: str | None) -> list[Scored]:
     """The hits written in the conversation's script (or in none: "😂"), if there are any.
 
     A multilingual encoder puts a Korean turn near its English translation, so
@@ -202,9 +202,9 @@ def query_similarity(
     `text`, the last utterance itself: a stored query equal to it once
     normalised comes first with score 1.0, the cosine of identical inputs,
     which the 8-bit codes would blur to about 0.997. `script`: the
-    conversation's; replies in it are kept when there are any (`_in_script`).
+    conversation's; replies in it are kept when there are any (`in_script`).
     `only`: the rows a request's filter admits; the search keeps to them."""
-    return _distinct(_query_hits(serving, query_vector, k, avoid, text, script, laps, only), k, avoid)
+    return distinct(_query_hits(serving, query_vector, k, avoid, text, script, laps, only), k, avoid)
 
 
 def _query_hits(
@@ -219,7 +219,7 @@ def _query_hits(
     narrow: bool = False,
     at_least: float | None = None,
 ) -> list[Scored]:
-    """`query_similarity`'s hits, best first, before `_distinct` drops repeats and what `avoid` blocks.
+    """`query_similarity`'s hits, best first, before `distinct` drops repeats and what `avoid` blocks.
     `narrow`: from the cheapest search, whose first hit only says whether query similarity answers.
     `at_least`: none at all unless the best score reaches it (no hit after it scores higher)."""
     index = serving.index
@@ -242,7 +242,7 @@ def _query_hits(
         hits.append(
             Scored(reply_row, index.reply_ids[reply_row], index.reply_texts[reply_row], score, "query_similarity")
         )
-    return _in_script(hits, script)
+    return in_script(hits, script)
 
 
 def reply_matching(
@@ -261,7 +261,7 @@ def reply_matching(
     context_vector: [D]. With poly_vectors ([m, D]) the FAISS top
     `rerank_depth` are rescored by the poly head before the top k are taken.
     At least `confidence.DEPTH` hits come back, for the confidence features;
-    the caller keeps k. `script`: the conversation's (`_in_script`). `only`:
+    the caller keeps k. `script`: the conversation's (`in_script`). `only`:
     the rows a request's filter admits.
     """
     index = serving.index
@@ -281,7 +281,7 @@ def reply_matching(
         Scored(row, index.reply_ids[row], index.reply_texts[row], score, "reply_matching")
         for score, row in zip(scores.tolist(), rows.tolist(), strict=True)
     ]
-    return _distinct(_in_script(hits, script), wanted, avoid)
+    return distinct(in_script(hits, script), wanted, avoid)
 
 
 def reaction(
@@ -376,7 +376,7 @@ def walk(serving: Serving, request: WalkRequest) -> Answer | None:
         looked = query_hits(narrow=True, at_least=at_least)
         best = next((h for h in looked if h.score < at_least or not request.avoid.blocks(h.text)), None)
         if best is not None and best.score >= at_least:
-            hits = _distinct(query_hits(), k, request.avoid)
+            hits = distinct(query_hits(), k, request.avoid)
             if hits and hits[0].score >= at_least:
                 return Answer(hits[0], hits)
     matched: list[Scored] = []
@@ -408,7 +408,7 @@ def walk(serving: Serving, request: WalkRequest) -> Answer | None:
             return Answer(reactions[0], shown, False, confidence)
     if matched:
         return Answer(matched[0], matched[:k], request.poly_vectors is not None, confidence)
-    fallback = _distinct(query_hits(), k, request.avoid) if query_hits else []
+    fallback = distinct(query_hits(), k, request.avoid) if query_hits else []
     return Answer(fallback[0], fallback) if fallback else None
 
 

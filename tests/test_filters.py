@@ -193,7 +193,7 @@ async def test_every_strategy_answers_only_from_what_the_filter_admits(
             ids = {c["id"] for c in answer["candidates"]}
             assert ids and ids <= allowed, (text, rule, answer)
             # Never a top k cut short after the fact: every admitted reply comes back when k allows
-            # (those in the conversation's script, when there are any: `retriever._in_script`).
+            # (those in the conversation's script, when there are any: `retriever.in_script`).
             if strategy == "reply_matching":
                 assert ids == ({i for i in allowed if not i.startswith("ko")} or allowed), (rule, ids)
 
