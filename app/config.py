@@ -88,7 +88,8 @@ class Settings(BaseSettings):
     # ... held over the last this-many reply-matching turns of an index version, since a
     # threshold fitted on chitchat holds that share on chitchat only (a set of 1k
     # uploaded replies scores lower: more turns would fall below it). 0: the fitted
-    # threshold alone. Until 200 turns are in, the fitted threshold decides.
+    # threshold alone. Until 20 turns are in, the threshold the version's own stored replies
+    # give decides (`index/confidence.py`).
     reaction_share_window: int = Field(default=2000, ge=0, le=1_000_000)
 
     # Every replica looks this often at the pointer file (indexes/CURRENT) and serves the version it

@@ -58,8 +58,18 @@ class ConfidenceModel:
 
     def threshold_for_share(self, share: float) -> float:
         """The confidence below which `share` of the validation turns fell."""
-        quantiles = self.spec.quantiles
-        return float(quantiles[min(len(quantiles) - 1, max(0, round(share * (len(quantiles) - 1))))])
+        return threshold_for_share(self.spec.quantiles, share)
+
+
+def threshold_for_share(quantiles: Sequence[float], share: float) -> float:
+    """quantiles: [101] confidences, 0th to 100th percentile -> the one below which `share` fell."""
+    return float(quantiles[min(len(quantiles) - 1, max(0, round(share * (len(quantiles) - 1))))])
+
+
+# Few, because the fallback is the larger error: at 20 turns the quantile sits between the 2nd
+# and 3rd lowest, which is noisy, where a fallback 2 to 40 points off the set's share held for
+# 200 turns cost its first users (`python -m bench.reaction_share`).
+WARMUP_TURNS = 20
 
 
 @dataclass
@@ -68,15 +78,16 @@ class ShareThreshold:
     product call states it, a share of turns, whatever the candidate set.
 
     A threshold fitted on validation turns holds that share only for the candidate
-    set it was fitted against: on another set the scores shift (measured: 20% of
-    turns instead of 10% on the test split's 11,608 replies). So the last `window`
-    confidences of this index version set it; until `warmup` of them are in, the
-    validation threshold does."""
+    set it was fitted against: on another set the scores shift (measured with the
+    release: 26% of turns instead of 10% against the validation split's own 13,895
+    replies). So the last `window` confidences of this index version set it; until
+    `warmup` of them are in, `fallback` does: the threshold the version's stored
+    replies give (`index/confidence.py`), or the validation one."""
 
     share: float
-    fallback: float  # the threshold fitted on validation turns
+    fallback: float  # the threshold until `warmup` turns are in
     window: int = 2000
-    warmup: int = 200
+    warmup: int = WARMUP_TURNS
     _seen: np.ndarray = field(init=False)  # [window] a ring of the last confidences
     _count: int = 0  # confidences observed, up to window
     _next: int = 0

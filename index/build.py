@@ -25,6 +25,7 @@ from core.encoder import Encoder
 from core.records import Candidate
 from core.store import QUERY_INDEX, REACTION_INDEX, REPLY_INDEX, IndexManifest, IndexStore, Tables
 from core.text import normalize
+from index.confidence import quantiles, stored_reply_confidences
 
 SELF_RETRIEVAL_SAMPLE = 200
 # A stored reply must find itself. A broken index (misaligned rows, wrong
@@ -265,6 +266,7 @@ def _index_and_commit(
     fresh.reply = np.empty((0, encoder.dim), np.float32)  # its rows are in reply_vectors [R, D] now
     reply_index, reply_report = ann.build(reply_vectors, "graph", probes=probes)
     checks = {"reply_self_retrieval": self_retrieval(reply_index, reply_vectors)}
+    confidence_quantiles = quantiles(stored_reply_confidences(reply_index, t.reply_texts, encoder))
     if reply_index.d != encoder.dim or reply_index.ntotal != len(t.reply_texts):
         raise RuntimeError(f"index validation failed: dim {reply_index.d}, rows {reply_index.ntotal}")
     store.write_index(staging, REPLY_INDEX, reply_index)
@@ -307,6 +309,7 @@ def _index_and_commit(
         checks=checks,
         encoded=len(fresh.rows),
         profile=profile,
+        confidence_quantiles=confidence_quantiles,
     )
     store.commit(staging, manifest)
     return manifest

@@ -9,10 +9,17 @@ import numpy as np
 import pytest
 
 from app.engine.runtime import load_model, serve
-from core.bundle import ConfidenceSpec
+from core import ann
+from core.bundle import ConfidenceSpec, read_manifest
 from core.confidence import ConfidenceModel, ShareThreshold
+from core.encoder import Encoder
 from core.store import IndexStore
-from tests.helpers import settings_for
+from core.text import Signature, echoes
+from index.confidence import quantiles, stored_reply_confidences
+from tests.helpers import bundle_of, settings_for, tiny_candidates
+
+# A confidence of top1 alone: sigmoid(top1), so a test can say which hit it saw.
+TOP1_ONLY = ConfidenceSpec(["top1"], [0.0], [1.0], [1.0], 0.0, [i / 100 for i in range(101)], 0.7)
 
 
 def test_until_warm_the_validation_threshold_holds() -> None:
@@ -53,6 +60,7 @@ def test_a_served_index_version_holds_the_share_over_its_own_turns(poly_artifact
     model = replace(model, confidence=ConfidenceModel(spec))
     index = IndexStore(settings.indexes_root)
     version = index.load(index.latest_for(model.bundle.checksum) or "")
+    version = replace(version, manifest=replace(version.manifest, confidence_quantiles=[]))  # built before them
     served = serve(model, version, settings)
     assert served.share is not None and served.share.share == 0.1 and served.share.fallback == 0.1
     assert serve(model, version, settings.model_copy(update={"reaction_share_window": 0})).share is None
@@ -68,3 +76,46 @@ def test_the_rolling_threshold_is_numpys_quantile_of_the_window() -> None:
             rolling.observe(confidence)
             seen = [*seen, confidence][-window:]
             assert rolling.threshold() == pytest.approx(float(np.quantile(seen, share)), abs=1e-12)
+
+
+def test_a_version_starts_from_its_own_stored_replies(poly_artifacts: Path) -> None:
+    """Where the version has confidence quantiles of its own, the rolling share starts from them,
+    not from the bundle's validation ones, and turns warm after 20 turns."""
+    settings = settings_for(poly_artifacts)
+    model = load_model(settings)
+    model = replace(model, confidence=ConfidenceModel(TOP1_ONLY))
+    index = IndexStore(settings.indexes_root)
+    version = index.load(index.latest_for(model.bundle.checksum) or "")
+    own = [0.5 + i / 1000 for i in range(101)]
+    version = replace(version, manifest=replace(version.manifest, confidence_quantiles=own))
+    served = serve(model, version, settings)
+    assert served.share is not None and served.share.fallback == own[10] and served.share.warmup == 20
+    # The fixed threshold (no window, or a replay such as `make eval`) stays the validation turns'.
+    assert served.thresholds.reply_matching == 0.1
+    still = serve(model, version, settings.model_copy(update={"reaction_share_window": 0}))
+    assert still.share is None and still.thresholds.reply_matching == 0.1
+
+
+def test_stored_replies_said_as_contexts_never_find_themselves(artifacts: Path) -> None:
+    """Each sampled reply is said as a one-turn context; its best hit is the best stored reply
+    that does not echo it, as the service blocks a reply that repeats the user."""
+    bundle_dir = bundle_of(artifacts)
+    encoder = Encoder(bundle_dir, replace(read_manifest(bundle_dir), confidence=TOP1_ONLY))
+    replies = list(dict.fromkeys(c.reply for c in tiny_candidates()))
+    stored = encoder.encode(replies, "reply")  # [R, D]
+    values = stored_reply_confidences(ann.exact(stored), replies, encoder)  # [R]: the sample is every reply
+    said = encoder.encode([encoder.join_context([r]) for r in replies], "context")  # [R, D]
+    scores = said @ stored.T  # [R, R]
+    for i, reply in enumerate(replies):
+        scores[i, [j for j, other in enumerate(replies) if echoes(other, [Signature.of(reply)])]] = -np.inf
+    expected = 1 / (1 + np.exp(-scores.max(axis=1)))  # [R]
+    assert len(values) == len(replies)
+    np.testing.assert_allclose(np.sort(values), np.sort(expected), atol=1e-5)
+    assert quantiles(values)[0] == pytest.approx(expected.min(), abs=1e-5) and len(quantiles(values)) == 101
+
+
+def test_no_confidence_model_no_stored_confidences(artifacts: Path) -> None:
+    bundle_dir = bundle_of(artifacts)
+    encoder = Encoder(bundle_dir, replace(read_manifest(bundle_dir), confidence=None))
+    values = stored_reply_confidences(ann.exact(encoder.encode(["hi", "hey"], "reply")), ["hi", "hey"], encoder)
+    assert quantiles(values) == []

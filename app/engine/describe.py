@@ -50,7 +50,9 @@ def model_info(serving: Serving, rerank_by_default: bool) -> dict[str, Any]:
             "share": serving.share.share,
             "of": f"the last {serving.share.window} turns of this index version",
             "threshold_now": round(serving.share.threshold(), 4),
-            "validation_threshold": serving.share.fallback,
+            "starting_threshold": serving.share.fallback,  # until `warmup_turns` are in
+            "warmup_turns": serving.share.warmup,
+            "validation_threshold": serving.thresholds.reply_matching,
         }
         if serving.share is not None
         else None,

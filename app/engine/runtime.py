@@ -29,7 +29,7 @@ from app.engine.sets import DEFAULT_SET, CandidateSet, NoSuchSet, NotReady, inde
 from app.engine.stats import Stages
 from core import filters
 from core.bundle import BundleError, BundleManifest, open_bundle
-from core.confidence import ConfidenceModel, ShareThreshold
+from core.confidence import WARMUP_TURNS, ConfidenceModel, ShareThreshold, threshold_for_share
 from core.encoder import Encoder
 from core.reactions import ReactionClassifier
 from core.reranker import PolyReranker
@@ -180,7 +180,12 @@ def serve(model: Model, index: IndexVersion, settings: Settings) -> Serving:
         thresholds = replace(thresholds, reply_matching=model.confidence.threshold_for_share(settings.reaction_share))
         if settings.reaction_share_window:
             window = settings.reaction_share_window
-            share = ShareThreshold(settings.reaction_share, thresholds.reply_matching, window, min(200, window))
+            # Where that share lies depends on the candidates: until this version's own turns say
+            # it, its stored replies do (index/confidence.py). A version built before them starts
+            # from the validation turns'.
+            stored = index.manifest.confidence_quantiles
+            start = threshold_for_share(stored, settings.reaction_share) if stored else thresholds.reply_matching
+            share = ShareThreshold(settings.reaction_share, start, window, min(WARMUP_TURNS, window))
     return Serving(
         model.bundle,
         model.bundle_dir,
