@@ -25,7 +25,7 @@ MINILM_STUDENT := artifacts/bundles/chitchat-student-l3-int8
 
 .PHONY: help install install-train install-test install-dev run serve index train train-script train-minilm eval ood release judge \
 	baselines pack train-live multilingual multilingual-tune multilingual-release run-multilingual test test-service test-training \
-	lint format typecheck pytest lock bench bench-profile bench-load bench-precision bench-ann bench-filters bench-cache bench-narrow bench-exact-query bench-rerank bench-reindex bench-first-run chaos clean \
+	lint format typecheck pytest lock bench bench-profile bench-load bench-precision bench-ann bench-filters bench-cache bench-narrow bench-exact-query bench-reaction-share bench-rerank bench-reindex bench-first-run chaos clean \
 	docker
 
 help:
@@ -228,6 +228,9 @@ bench-narrow: install index  ## query similarity's narrow probe against its full
 
 bench-exact-query: install index  ## answers with the last turn encoded only on an exact stored query -> reports/exact_query.{md,json}
 	$(PY) -m bench.exact_query
+
+bench-reaction-share: install index  ## where the reaction share starts on a new candidate set -> reports/reaction_share.{md,json}
+	$(PY) -m bench.reaction_share
 
 chaos: install-dev index  ## faults, overload and hostile input -> reports/chaos.{md,json} (about 17 min)
 	$(PY) -m bench.chaos
