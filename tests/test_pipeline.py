@@ -93,6 +93,19 @@ async def test_a_last_turn_no_stored_query_equals_is_not_encoded(artifacts: Path
     assert outcome.answer.best.source == "query_similarity"
 
 
+async def test_a_threshold_no_copy_can_reach_encodes_no_last_turn(runtime: Runtime) -> None:
+    # The release's calibration set 1.01: a stored query typed again scores 1.0, so query
+    # similarity cannot answer and its vector would be encoded for nothing.
+    with_query_threshold(runtime, 1.01)
+    outcome = await pipeline.reply(runtime, ["hi", "my cat is sick"], ReplyOptions(3, BOTH), set())
+    assert outcome.answer.best.source == "reply_matching"
+    assert runtime.cache.misses == 1  # the joined context alone, though the last turn is a stored query
+    # A request that sets its own threshold still gets query similarity.
+    asked = ReplyOptions(3, BOTH, thresholds={"query_similarity": 0.9})
+    outcome = await pipeline.reply(runtime, ["hi", "my cat is sick"], asked, set())
+    assert outcome.answer.best.source == "query_similarity" and runtime.cache.misses == 2
+
+
 async def test_when_no_strategy_is_confident_the_last_one_tried_answers(runtime: Runtime) -> None:
     with_query_threshold(runtime, 1.01)
     outcome = await pipeline.reply(runtime, ["my cat is sick"], ReplyOptions(3, ["query_similarity"]), set())

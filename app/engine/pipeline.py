@@ -134,12 +134,19 @@ async def reply(runtime: Runtime, turns: Sequence[str], options: ReplyOptions, e
         raise NoCandidates("no reaction in this conversation's language matches the filter and exclude_ids", "filter")
     # At the bundle's threshold query similarity answers on a near copy of a stored query, in
     # practice an exact one (Settings.query_similarity_exact_only), so without one the last turn
-    # is not encoded. A request's own threshold, or no reply matching to fall to, needs the vector.
+    # is not encoded. Above 1, the score of an exact copy, it never answers: calibration sets
+    # 1.01 where it was worth nothing (the release). A request's own threshold, or no reply
+    # matching to fall to, needs the vector.
     wants_query = "query_similarity" in allowed and (
-        not runtime.settings.query_similarity_exact_only
-        or "reply_matching" not in allowed
+        "reply_matching" not in allowed
         or "query_similarity" in (options.thresholds or {})
-        or normalize(turns[-1]) in serving.index.query_rows_by_text
+        or (
+            serving.thresholds.query_similarity <= 1.0
+            and (
+                not runtime.settings.query_similarity_exact_only
+                or normalize(turns[-1]) in serving.index.query_rows_by_text
+            )
+        )
     )
     wants_context = "reply_matching" in allowed or "reaction" in allowed
     with_poly = rerank and "reply_matching" in allowed  # reactions need no poly vectors
