@@ -236,6 +236,29 @@ def build_version(
         raise
 
 
+# An append that brings under this share of new texts keeps the earlier version's starting
+# confidences: its replies' spread has barely moved, and a fresh sample would encode ~500 texts
+# (about 2 s without VNNI, more under load) to say so.
+CARRY_BELOW_NEW = 0.1
+
+
+def _starting_confidences(
+    t: Tables, known: KnownVectors, fresh: Encoded, encoder: Encoder, reply_index: faiss.Index
+) -> list[float]:
+    """`IndexManifest.confidence_quantiles` for this version (`index/confidence.py`)."""
+    earlier = known.store.manifest(known.version).confidence_quantiles if known.store and known.version else []
+    if earlier and len(fresh.rows) < CARRY_BELOW_NEW * len(t.reply_texts):
+        return earlier
+
+    def context_vectors(texts: list[str]) -> np.ndarray:
+        """[S, D] context vectors: from this build's own pass where it encoded the text, else encoded now."""
+        missing = [x for x in texts if x not in fresh.rows]
+        encoded = dict(zip(missing, encoder.encode(missing, "context"), strict=True)) if missing else {}
+        return np.stack([fresh.context[fresh.rows[x]] if x in fresh.rows else encoded[x] for x in texts])
+
+    return quantiles(stored_reply_confidences(reply_index, t.reply_texts, encoder, context_vectors))
+
+
 def _index_and_commit(
     t: Tables,
     candidates: Sequence[Candidate],
@@ -266,7 +289,7 @@ def _index_and_commit(
     fresh.reply = np.empty((0, encoder.dim), np.float32)  # its rows are in reply_vectors [R, D] now
     reply_index, reply_report = ann.build(reply_vectors, "graph", probes=probes)
     checks = {"reply_self_retrieval": self_retrieval(reply_index, reply_vectors)}
-    confidence_quantiles = quantiles(stored_reply_confidences(reply_index, t.reply_texts, encoder))
+    confidence_quantiles = _starting_confidences(t, known, fresh, encoder, reply_index)
     if reply_index.d != encoder.dim or reply_index.ntotal != len(t.reply_texts):
         raise RuntimeError(f"index validation failed: dim {reply_index.d}, rows {reply_index.ntotal}")
     store.write_index(staging, REPLY_INDEX, reply_index)

@@ -17,7 +17,7 @@ for a user who said it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import faiss
 import numpy as np
@@ -34,17 +34,25 @@ SAMPLE = 500
 
 
 def stored_reply_confidences(
-    reply_index: faiss.Index, reply_texts: Sequence[str], encoder: Encoder, seed: int = 0
+    reply_index: faiss.Index,
+    reply_texts: Sequence[str],
+    encoder: Encoder,
+    context_vectors: Callable[[list[str]], np.ndarray] | None = None,
+    seed: int = 0,
 ) -> np.ndarray:
     """[S] the bundle's reply-matching confidence for a sample of stored replies, each as a
-    one-turn context; empty when the bundle has no confidence model."""
+    one-turn context; empty when the bundle has no confidence model. context_vectors: texts -> [S, D]
+    their context vectors, where a build already has them; None encodes them."""
     spec = encoder.manifest.confidence
     if spec is None or not reply_texts:
         return np.empty(0)
     model = ConfidenceModel(spec)
     rows = np.random.default_rng(seed).choice(len(reply_texts), size=min(len(reply_texts), SAMPLE), replace=False)
     turns = [[reply_texts[r]] for r in rows]
-    vectors = encoder.encode([encoder.join_context(t) for t in turns], side="context")  # [S, D]
+    if context_vectors is None:
+        vectors = encoder.encode([encoder.join_context(t) for t in turns], side="context")  # [S, D]
+    else:
+        vectors = context_vectors([t[0] for t in turns])  # [S, D]
     # As deep as the service searches for a one-turn context: DEPTH hits, past the echo and a few repeats.
     scores, found = reply_index.search(vectors, confidence.DEPTH + 1 + OVERFETCH)  # [S, K] each
     values = []

@@ -13,8 +13,10 @@ from core import ann
 from core.bundle import ConfidenceSpec, read_manifest
 from core.confidence import ConfidenceModel, ShareThreshold
 from core.encoder import Encoder
+from core.records import Candidate
 from core.store import IndexStore
 from core.text import Signature, echoes
+from index.build import build_version
 from index.confidence import quantiles, stored_reply_confidences
 from tests.helpers import bundle_of, settings_for, tiny_candidates
 
@@ -119,3 +121,29 @@ def test_no_confidence_model_no_stored_confidences(artifacts: Path) -> None:
     encoder = Encoder(bundle_dir, replace(read_manifest(bundle_dir), confidence=None))
     values = stored_reply_confidences(ann.exact(encoder.encode(["hi", "hey"], "reply")), ["hi", "hey"], encoder)
     assert quantiles(values) == []
+
+
+def test_a_build_keeps_its_replies_confidences_and_an_append_carries_them(artifacts: Path, tmp_path: Path) -> None:
+    """A full build takes the sample's context vectors from its own encoding pass; an append of a
+    few texts keeps the earlier version's figures rather than encode a new sample of 500."""
+    bundle_dir = bundle_of(artifacts)
+    manifest = read_manifest(bundle_dir)
+    encoder = Encoder(bundle_dir, replace(manifest, confidence=TOP1_ONLY))
+    store = IndexStore(tmp_path / "indexes")
+    replies = [f"reply {i} about {topic}" for i in range(30) for topic in ("dogs", "rain", "pizza", "exams")]
+    first = build_version([Candidate(reply=r) for r in replies], encoder, manifest.checksum, store, "t", progress=False)
+    assert len(first.confidence_quantiles) == 101
+    direct = quantiles(stored_reply_confidences(store.load(first.version).reply_index, replies, encoder))
+    np.testing.assert_allclose(first.confidence_quantiles, direct, atol=1e-4)
+
+    appended = [*replies, "one more reply", "and another"]  # 2 new texts of 122: carried
+    second = build_version(
+        [Candidate(reply=r) for r in appended], encoder, manifest.checksum, store, "t", progress=False
+    )
+    assert second.encoded == 2 and second.confidence_quantiles == first.confidence_quantiles
+
+    others = [f"something else {i}, {w}" for i in range(40) for w in ("yes", "no")]  # mostly new: measured again
+    third = build_version([Candidate(reply=r) for r in others], encoder, manifest.checksum, store, "t", progress=False)
+    assert third.confidence_quantiles != first.confidence_quantiles
+    direct = quantiles(stored_reply_confidences(store.load(third.version).reply_index, others, encoder))
+    np.testing.assert_allclose(third.confidence_quantiles, direct, atol=1e-4)
