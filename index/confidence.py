@@ -42,17 +42,16 @@ def stored_reply_confidences(
 ) -> np.ndarray:
     """[S] the bundle's reply-matching confidence for a sample of stored replies, each as a
     one-turn context; empty when the bundle has no confidence model. context_vectors: texts -> [S, D]
-    their context vectors, where a build already has them; None encodes them."""
+    their context vectors, where a build already has them; None encodes them (a one-turn
+    context is the turn itself)."""
     spec = encoder.manifest.confidence
     if spec is None or not reply_texts:
         return np.empty(0)
     model = ConfidenceModel(spec)
     rows = np.random.default_rng(seed).choice(len(reply_texts), size=min(len(reply_texts), SAMPLE), replace=False)
-    turns = [[reply_texts[r]] for r in rows]
-    if context_vectors is None:
-        vectors = encoder.encode([encoder.join_context(t) for t in turns], side="context")  # [S, D]
-    else:
-        vectors = context_vectors([t[0] for t in turns])  # [S, D]
+    texts = [reply_texts[r] for r in rows]
+    vectors = context_vectors(texts) if context_vectors else encoder.encode(texts, "context")  # [S, D]
+    turns = [[text] for text in texts]
     # As deep as the service searches for a one-turn context: DEPTH hits, past the echo and a few repeats.
     scores, found = reply_index.search(vectors, confidence.DEPTH + 1 + OVERFETCH)  # [S, K] each
     values = []

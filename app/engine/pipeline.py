@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from app.engine.encoding import EncodeJob
-from app.engine.runtime import Runtime
+from app.engine.runtime import QUERY_SIMILARITY_OFF, Runtime
 from app.engine.sessions import SessionTurn
 from app.engine.sets import DEFAULT_SET
 from core import retriever
@@ -134,14 +134,14 @@ async def reply(runtime: Runtime, turns: Sequence[str], options: ReplyOptions, e
         raise NoCandidates("no reaction in this conversation's language matches the filter and exclude_ids", "filter")
     # At the bundle's threshold query similarity answers on a near copy of a stored query, in
     # practice an exact one (Settings.query_similarity_exact_only), so without one the last turn
-    # is not encoded. Above 1, the score of an exact copy, it never answers: calibration sets
-    # 1.01 where it was worth nothing (the release). A request's own threshold, or no reply
-    # matching to fall to, needs the vector.
+    # is not encoded. At QUERY_SIMILARITY_OFF, above the 1.0 of an exact copy, it never answers:
+    # calibration sets that where it was worth nothing (the release). A request's own threshold,
+    # or no reply matching to fall to, needs the vector.
     wants_query = "query_similarity" in allowed and (
         "reply_matching" not in allowed
         or "query_similarity" in (options.thresholds or {})
         or (
-            serving.thresholds.query_similarity <= 1.0
+            serving.thresholds.query_similarity < QUERY_SIMILARITY_OFF
             and (
                 not runtime.settings.query_similarity_exact_only
                 or normalize(turns[-1]) in serving.index.query_rows_by_text
