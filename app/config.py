@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from core.bundle import RELEASE_BUNDLE
+from core.bundle import RELEASE_BUNDLE, RELEASE_ROOT
 
 
 class Settings(BaseSettings):
@@ -17,9 +17,12 @@ class Settings(BaseSettings):
 
     # Index versions, the candidate store and jobs; trained bundles land here too.
     artifacts_dir: Path = Path("artifacts")
-    # The model bundle to serve. Another bundle (a fresh `make train`, the
-    # multilingual one) is served by pointing this at its directory.
+    # The default encoder: the bundle of every set that names none. Another bundle (a fresh
+    # `make train`, say) becomes the default by pointing this at its directory.
     bundle_dir: Path = RELEASE_BUNDLE
+    # The bundles a set may name as its encoder (`?encoder=` on its first upload), each a
+    # directory here, named by it; the default encoder is always one of them, by its own name.
+    encoders_dir: Path = RELEASE_ROOT
 
     # Unset: in-process session store and cache, the single-machine default. Sessions, the
     # candidate store, jobs and the reindex lock live here: an instance that never evicts.

@@ -23,6 +23,7 @@ from app.admin import SetLimit
 from app.engine.batcher import Closed, Overloaded
 from app.engine.pipeline import NoCandidates, Unsupported
 from app.engine.reindex import Busy
+from app.engine.runtime import UnknownEncoder
 from app.engine.sets import BadSetName, NoSuchSet, NotReady
 from app.uploads import UploadError
 
@@ -149,6 +150,7 @@ _ENGINE_KINDS: dict[type[Exception], ErrorKind] = {
     Busy: ErrorKind.conflict,
     NoSuchSet: ErrorKind.not_found,
     BadSetName: ErrorKind.validation,
+    UnknownEncoder: ErrorKind.not_found,
 }
 
 

@@ -277,7 +277,7 @@ class SimilarQuery(BaseModel):
 class SimilarResponse(BaseModel):
     matches: list[SimilarQuery] | None = None
     scores: list[float] | None = None  # one cosine per input pair, in order
-    index_version: str
+    index_version: str | None = None  # None: pairs scored by a set that serves no version yet
     set: str
 
 

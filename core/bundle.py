@@ -29,9 +29,11 @@ TOKENIZER_FILE = "tokenizer.json"
 REACTIONS_FILE = "reactions.npz"
 PAYLOAD_FILES = (ENCODER_FILE, TOKENIZER_FILE, REACTIONS_FILE)
 FORMAT_VERSION = 2
-# The release bundle tracked in git (`make release` promotes into it), found
-# from the source tree so that any working directory serves it.
-RELEASE_BUNDLE = Path(__file__).resolve().parents[1] / "models" / "release" / "chitchat"
+# The release bundles tracked in git, found from the source tree so that any working directory
+# serves them. Each is a directory of RELEASE_ROOT; a candidate set names one by that name.
+RELEASE_ROOT = Path(__file__).resolve().parents[1] / "models" / "release"
+# The default encoder (`make release` promotes into it): every set that names none.
+RELEASE_BUNDLE = RELEASE_ROOT / "chitchat"
 
 
 class BundleError(ValueError):
@@ -226,3 +228,12 @@ def list_bundles(bundles_root: Path) -> list[tuple[Path, BundleManifest]]:
             if (child / MANIFEST).is_file():
                 found.append((child, read_manifest(child)))
     return found
+
+
+def shipped_bundles(root: Path) -> dict[str, Path]:
+    """name -> directory of every servable bundle directly under `root` (a release folder of trained
+    layers alone has no encoder graph, and is not one). Reads manifests only: nothing is verified
+    or loaded until a set uses the bundle."""
+    children = sorted(root.iterdir()) if root.is_dir() else []
+    bundles = [c for c in children if (c / ENCODER_FILE).is_file() and (c / MANIFEST).is_file()]
+    return {c.name: c for c in bundles if read_manifest(c).servable}

@@ -111,6 +111,8 @@ def apply(current: list[Candidate], mode: str, upload: list[Candidate]) -> list[
     record with the same id replaces an earlier one."""
     if mode == "replace":
         return list({c.key: c for c in upload}.values())
+    if mode == "reencode":  # the same records under another encoder
+        return list(current)
     by_id = {c.key: c for c in current}
     if mode == "append":
         by_id.update({c.key: c for c in upload})

@@ -59,6 +59,7 @@ def settings_for(artifacts: Path, **overrides: object) -> Settings:
     defaults = {
         "artifacts_dir": artifacts,
         "bundle_dir": bundle_of(artifacts),
+        "encoders_dir": artifacts / "bundles",  # not the release's: the test bundles are what ships
         "redis_timeout_ms": TEST_REDIS_TIMEOUT_MS,
     }
     return Settings(**{**defaults, **overrides})  # type: ignore[arg-type]

@@ -131,7 +131,10 @@ async def test_with_one_stored_query_and_no_calibration_query_similarity_is_off(
 
 def test_the_cache_folds_case_only_for_a_model_that_does(artifacts: Path) -> None:
     runtime = build_runtime(settings_for(artifacts))
-    assert runtime.current().encoder.lowercases and runtime.cache.lowercase  # the tiny bundle's WordPiece lower-cases
+    lowercases = runtime.current().encoder.lowercases
+    assert lowercases  # the tiny bundle's WordPiece lower-cases: "Hi" and "hi" are one input, and one key
+    assert runtime.cache.key("m", "context", "Hi", lowercases) == runtime.cache.key("m", "context", "hi", lowercases)
+    assert runtime.cache.key("m", "context", "Hi", False) != runtime.cache.key("m", "context", "hi", False)
 
 
 @pytest.mark.parametrize(("spin", "entry"), [(False, "0"), (True, "1")])

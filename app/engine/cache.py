@@ -58,7 +58,7 @@ class EmbeddingCache:
         # True: every encoded vector, whatever its length, goes to the shared store, and every
         # miss is looked up there: the policy before this one, for `bench.cache_policy`.
         self.share_every_miss = share_every_miss
-        self.lowercase = lowercase  # the served model's tokenizer lower-cases (`Encoder.lowercases`)
+        self.lowercase = lowercase  # for keys whose model is not named (`key`'s lowercase)
         self.local_entries = local_entries
         # Entries differ 16-fold in size (a context vector: 1.5 kB; its poly vectors, m = 16: 24 kB),
         # so a count alone does not bound memory: 20,000 entries could hold about 490 MB.
@@ -76,10 +76,12 @@ class EmbeddingCache:
         self._asked_once: OrderedDict[str, None] = OrderedDict()
         self._asked_once_max = max(MIN_ASKED_ONCE, local_entries)
 
-    def key(self, model_checksum: str, kind: str, text: str) -> str:
+    def key(self, model_checksum: str, kind: str, text: str, lowercase: bool | None = None) -> str:
         """kind: what the vector is ("context", "reply", "poly"): one text has several.
-        A text longer than SHARED_MAX_CHARS gets a LOCAL_ONLY key."""
-        normalized = normalize(text, self.lowercase)
+        lowercase: whether the model's tokenizer lower-cases (`Encoder.lowercases`; default
+        `self.lowercase`), so "Hi" and "hi" share a key. A text longer than SHARED_MAX_CHARS gets
+        a LOCAL_ONLY key."""
+        normalized = normalize(text, self.lowercase if lowercase is None else lowercase)
         digest = hashlib.blake2b(normalized.encode(), digest_size=16).hexdigest()
         scope = "emb:" if len(normalized) <= SHARED_MAX_CHARS or self.share_every_miss else LOCAL_ONLY
         return f"{scope}{model_checksum[:16]}:{kind}:{digest}"

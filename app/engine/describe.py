@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from app.engine.runtime import QUERY_SIMILARITY_OFF
+from app.engine.runtime import QUERY_SIMILARITY_OFF, Runtime
 from app.engine.sets import CandidateSet
 from core.retriever import Serving
 from core.store import QUERY_INDEX, REACTION_INDEX, REPLY_INDEX
@@ -17,6 +17,7 @@ def model_info(serving: Serving, rerank_by_default: bool) -> dict[str, Any]:
     """The bundle, and what this server applies of it."""
     bundle = serving.bundle
     return {
+        "encoder": serving.bundle_dir.name,  # what a set names it by
         "name": bundle.name,
         "model_id": bundle.model_id,
         "kind": bundle.kind,
@@ -89,6 +90,7 @@ def set_info(candidates: CandidateSet) -> dict[str, Any]:
     return {
         "name": candidates.name,
         "ready": True,
+        "encoder": serving.bundle_dir.name,
         "version": manifest.version,
         "replies": manifest.replies,
         "queries": manifest.queries,
@@ -98,6 +100,11 @@ def set_info(candidates: CandidateSet) -> dict[str, Any]:
         "created_at": manifest.created_at,
         "source": manifest.source,
     }
+
+
+def encoders(runtime: Runtime) -> dict[str, Any]:
+    """The shipped encoders a set may name, the default, and those loaded because a set uses them."""
+    return {"default": runtime.default_encoder, "available": sorted(runtime.encoders), "loaded": sorted(runtime.models)}
 
 
 def index_bytes(candidates: CandidateSet) -> int | None:

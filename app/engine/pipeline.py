@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import numpy as np
 
@@ -15,10 +16,11 @@ from app.engine.runtime import QUERY_SIMILARITY_OFF, Runtime
 from app.engine.sessions import SessionTurn
 from app.engine.sets import DEFAULT_SET
 from core import retriever
-from core.bundle import Thresholds
+from core.bundle import BundleManifest, Thresholds
+from core.encoder import Encoder
 from core.filters import Filter
 from core.laps import Laps
-from core.retriever import Answer, Serving, Strategy
+from core.retriever import Answer, Strategy
 from core.text import normalize
 
 log = logging.getLogger(__name__)
@@ -40,22 +42,32 @@ class Unsupported(Exception):
         self.field = field
 
 
+class Encodes(Protocol):
+    """What `embed` needs of a model: a set's serving snapshot, or a model with no index."""
+
+    @property
+    def bundle(self) -> BundleManifest: ...
+
+    @property
+    def encoder(self) -> Encoder: ...
+
+
 async def embed(
-    runtime: Runtime, serving: Serving, texts: Sequence[str], poly_for: str | None = None
+    runtime: Runtime, serving: Encodes, texts: Sequence[str], poly_for: str | None = None
 ) -> tuple[list[np.ndarray], np.ndarray | None]:
     """Context-side [D] vectors of `texts` and, for the text `poly_for`, its [m, D] poly vectors.
 
     From the cache where it can (at most one Redis round trip); the misses go to the
     encoder queue as one job, so they cost one encoder pass together."""
-    checksum, dim = serving.bundle.checksum, serving.encoder.dim
+    checksum, dim, lowercase = serving.bundle.checksum, serving.encoder.dim, serving.encoder.lowercases
     distinct = list(dict.fromkeys(texts))
-    keys = [runtime.cache.key(checksum, "context", t) for t in distinct]  # normalised and hashed once a text
+    keys = [runtime.cache.key(checksum, "context", t, lowercase) for t in distinct]  # normalised, hashed once
     m = serving.bundle.poly.codes if serving.bundle.poly is not None else 0
     stages, started = runtime.stages, time.perf_counter()
     vectors = dict(zip(distinct, await runtime.cache.get_many(keys, dim), strict=True))
     poly, poly_key = None, ""
     if poly_for is not None:  # kept in this process only (below): no Redis key to look for
-        poly_key = runtime.cache.key(checksum, "poly", poly_for)
+        poly_key = runtime.cache.key(checksum, "poly", poly_for, lowercase)
         found = (await runtime.cache.get_many([poly_key], m * dim, shared=False))[0]
         poly = found.reshape(m, dim) if found is not None else None
     stages.observe("cache_read", time.perf_counter() - started)
@@ -73,7 +85,7 @@ async def embed(
         key_of = dict(zip(distinct, keys, strict=True))
         for i, text in enumerate(missing):
             # `poly_for` is one of `texts` as `reply` calls this; a caller's other text gets its key here.
-            key = key_of.get(text) or runtime.cache.key(checksum, "context", text)
+            key = key_of.get(text) or runtime.cache.key(checksum, "context", text, lowercase)
             vectors[text] = fresh[key] = encoded.vectors[i]
             if text == poly_for and encoded.poly is not None:
                 poly = encoded.poly[i]
@@ -234,9 +246,12 @@ async def similar_queries(
 
 async def pair_scores(
     runtime: Runtime, pairs: Sequence[tuple[str, str]], set_name: str = DEFAULT_SET
-) -> tuple[list[float], str]:
-    serving = runtime.current(set_name)
-    vectors, _ = await embed(runtime, serving, [t for pair in pairs for t in pair])
+) -> tuple[list[float], str | None]:
+    """A cosine per pair, with the set's encoder; scoring needs no index, so a set that serves
+    nothing yet scores with the default encoder, and no index version is named."""
+    serving = runtime.candidate_set(set_name).serving
+    model: Encodes = serving if serving is not None else runtime.current_model()
+    vectors, _ = await embed(runtime, model, [t for pair in pairs for t in pair])
     stacked = np.stack(vectors)  # [2P, D]
     a, b = stacked[0::2], stacked[1::2]  # [P, D] each
-    return [round(float(s), 6) for s in (a * b).sum(axis=1)], serving.index_version
+    return [round(float(s), 6) for s in (a * b).sum(axis=1)], serving.index_version if serving else None

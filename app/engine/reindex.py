@@ -74,10 +74,17 @@ class Reindexer:
         self.outcomes: dict[str, int] = {} if outcomes is None else outcomes
         self.durations = durations or Buckets(REINDEX_SECONDS)
 
-    def submit(self, mode: str, upload: list[Candidate], report: dict[str, Any] | None = None) -> Job:
+    def submit(
+        self, mode: str, upload: list[Candidate], report: dict[str, Any] | None = None, encoder: str | None = None
+    ) -> Job:
+        """encoder: the shipped bundle to build with (checked by the caller, `Runtime.model_named`);
+        None keeps the set's own, or the default for a new set. Another encoder than the set's
+        re-encodes every record; the version before serves until the swap."""
         job = Job.new(mode)
         job.counts = {"uploaded": len(upload)}
         job.report = dict(report or {})
+        if encoder is not None:
+            job.report["encoder"] = encoder
         lines = job.report.pop(RECORD_LINES, None)  # a line per record: too big to keep in the job
         holding = self.claim(job.token)
         try:
@@ -142,8 +149,10 @@ class Reindexer:
     def _build_and_swap(
         self, job: Job, holding: Renewer, upload: list[Candidate], lines: list[int] | None = None
     ) -> None:
-        model = self.runtime.current_model()
         target = self.candidate_set
+        named = job.report.get("encoder")
+        model = self.runtime.model_named(named) if named else self.runtime.model_of(target)
+        job.report["encoder"] = model.bundle_dir.name
         serving = target.serving  # None until the first version exists: this job may build it
         job.previous_version = serving.index_version if serving else None
         self._progress(job, "load", 0.0)

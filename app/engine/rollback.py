@@ -14,18 +14,20 @@ from app.engine.versions import previous_version
 
 
 def rollback(reindexer: Reindexer) -> tuple[str, str, dict[str, str]]:
-    """Serve the version before the one the pointer names (this model's), on every replica.
+    """Serve the version before the one the pointer names (of its encoder), on every replica.
     Returns (from, to, what the steps after the swap did). LookupError: there is none."""
     runtime, target = reindexer.runtime, reindexer.candidate_set
     holding = reindexer.claim(f"rollback-{uuid.uuid4().hex[:12]}@{THIS_PROCESS}")
     try:
-        model = runtime.current_model()
+        runtime.current_model()  # not before the default has loaded
         # The pointer, not this replica's own copy: a replica that has not caught up
         # would otherwise roll back from the wrong version.
         current = target.store.current() or target.current().index_version
-        earlier = previous_version(target.store, model.bundle.checksum, current)
+        # Within the set's encoder: a version of another is never what "before" means.
+        built_with = target.store.manifest(current).bundle_checksum
+        earlier = previous_version(target.store, built_with, current)
         if earlier is None:
-            raise LookupError(f"set {target.name!r}: no earlier index version built with this model")
+            raise LookupError(f"set {target.name!r}: no earlier index version built with its encoder")
         fresh = runtime.serve_version(target, earlier)
         if not holding.still_held():
             raise RuntimeError("lost the reindex lock before the swap; nothing changed")

@@ -1,9 +1,11 @@
 """Everything a request needs, loaded once at startup.
 
-The model (the bundle and what it carries) loads first; each candidate set
-(`sets.py`) pairs it with one of its index versions. A deployment that brings
-its own candidates starts with the model alone, not ready, and its first
-upload builds the first version.
+The default encoder's model (the bundle and what it carries) loads first;
+each candidate set (`sets.py`) pairs a model with one of its index versions.
+A set's encoder is the bundle its versions were built with: any shipped
+bundle (`Settings.encoders_dir`), named on an upload, loaded the first time a
+set uses it. A deployment that brings its own candidates starts with the
+default model alone, not ready, and its first upload builds the first version.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from app.engine.sessions import SessionStore
 from app.engine.sets import DEFAULT_SET, CandidateSet, NoSuchSet, NotReady, indexes_root, names_on_volume
 from app.engine.stats import Stages
 from core import filters
-from core.bundle import BundleError, BundleManifest, open_bundle
+from core.bundle import BundleError, BundleManifest, open_bundle, read_manifest, shipped_bundles
 from core.confidence import WARMUP_TURNS, ConfidenceModel, ShareThreshold, threshold_for_share
 from core.encoder import Encoder
 from core.reactions import ReactionClassifier
@@ -43,6 +45,14 @@ log = logging.getLogger(__name__)
 QUERY_SIMILARITY_OFF = 1.01
 
 
+class UnknownEncoder(LookupError):
+    """An upload named an encoder this service does not ship (404, as a set that does not exist)."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        super().__init__(f"no encoder {name[:64]!r}: one of {', '.join(known)}")
+        self.field = "encoder"
+
+
 @dataclass
 class Runtime:
     settings: Settings
@@ -52,8 +62,14 @@ class Runtime:
     pool: ComputePool
     encoder_queue: EncoderQueue
     stages: Stages  # seconds per stage of each request, for /metrics
-    model: Model | None = None
+    model: Model | None = None  # the default encoder's
     problem: str | None = None  # why the model is None, for /readyz
+    # encoder name -> bundle directory: what a set may name (`Settings.encoders_dir`, and the default).
+    encoders: dict[str, Path] = field(default_factory=dict)
+    # encoder name -> its loaded model, the default's included. Loaded when a set first needs it;
+    # replaced as a whole, as `sets` is.
+    models: dict[str, Model] = field(default_factory=dict)
+    models_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     # name -> set. Replaced as a whole when a set comes or goes (`add_set`, `drop_set`), so a
     # reader iterating it never sees it change under it.
     sets: dict[str, CandidateSet] = field(default_factory=dict)
@@ -81,14 +97,45 @@ class Runtime:
             raise NotReady(self.problem or "still loading")
         return self.model
 
+    @property
+    def default_encoder(self) -> str:
+        return self.settings.bundle_dir.name
+
+    def model_named(self, name: str) -> Model:
+        """The shipped bundle `name`, loaded on first use (off the event loop: it reads and checks
+        ~40 MB). Raises UnknownEncoder."""
+        loaded = self.models.get(name)
+        if loaded is not None:
+            return loaded
+        if name not in self.encoders:
+            raise UnknownEncoder(name, sorted(self.encoders))
+        with self.models_lock:
+            if name not in self.models:
+                self.models = {**self.models, name: load_model(self.settings, self.encoders[name])}
+                log.info("loaded encoder %s for the sets that name it", name)
+            return self.models[name]
+
+    def model_for(self, checksum: str) -> Model:
+        """The shipped bundle whose checksum is `checksum`: what a version built with it is searched with."""
+        for model in self.models.values():
+            if model.bundle.checksum == checksum:
+                return model
+        for name, path in self.encoders.items():
+            if read_manifest(path).checksum == checksum:
+                return self.model_named(name)
+        raise ValueError(f"built with another model ({checksum[:12]}), one this service does not ship")
+
+    def model_of(self, candidates: CandidateSet) -> Model:
+        """The model of what the set serves; the default's for a set that serves nothing yet."""
+        serving = candidates.serving
+        return self.current_model() if serving is None else self.model_for(serving.bundle.checksum)
+
     def serve_version(self, candidates: CandidateSet, version: str) -> Serving:
-        """The loaded model with another index version of a set. The version's manifest is
-        checked against the model before any of its FAISS files is read; the filters the set
-        served recently are readied on it (called off the event loop: reindex, rollback, follower)."""
-        model = self.current_model()
-        built_with = candidates.store.manifest(version).bundle_checksum
-        if built_with != model.bundle.checksum:
-            raise ValueError(f"index {version} was built with another model ({built_with[:12]})")
+        """An index version of a set with the model it was built with. The version's manifest is
+        read before any of its FAISS files; the filters the set served recently are readied on it
+        (called off the event loop: reindex, rollback, follower)."""
+        self.current_model()  # not before the default has loaded
+        model = self.model_for(candidates.store.manifest(version).bundle_checksum)
         loaded = candidates.store.load(version)
         if candidates.serving is not None:
             filters.warm(loaded, candidates.serving.index)
@@ -108,10 +155,17 @@ class Runtime:
             self.sets = {k: v for k, v in self.sets.items() if k != name}
 
     def load_set(self, name: str) -> CandidateSet:
-        """Adds the set and serves its newest version built with the model, if it has one."""
+        """Adds the set and serves the version its pointer names, with the encoder it was built with;
+        if that encoder is not shipped, its newest version built with the default encoder."""
         candidates = self.add_set(name)
         model = self.current_model()
-        version = candidates.store.latest_for(model.bundle.checksum)
+        version = candidates.store.current()
+        if version is not None:
+            try:
+                self.model_for(candidates.store.manifest(version).bundle_checksum)
+            except ValueError:
+                version = None
+        version = version or candidates.store.latest_for(model.bundle.checksum)
         if version is None:
             if name == DEFAULT_SET:
                 candidates.problem = str(no_index(model.bundle))
@@ -140,8 +194,9 @@ class Model:
     confidence: ConfidenceModel | None
 
 
-def load_model(settings: Settings) -> Model:
-    bundle_dir = settings.bundle_dir
+def load_model(settings: Settings, bundle_dir: Path | None = None) -> Model:
+    """The bundle at `bundle_dir` (default: the default encoder's) with what serving needs of it."""
+    bundle_dir = bundle_dir or settings.bundle_dir
     bundle = open_bundle(bundle_dir)  # a bundle whose files do not match its manifest stops here
     encoder = Encoder(bundle_dir, bundle, settings.ort_intra_op_threads, settings.ort_spin)
     if settings.ort_spin_alone and not settings.ort_spin:
@@ -257,9 +312,10 @@ def build_runtime(settings: Settings) -> Runtime:
         stages=stages,
     )
     runtime.add_set(DEFAULT_SET)
+    runtime.encoders = {**shipped_bundles(settings.encoders_dir), runtime.default_encoder: settings.bundle_dir}
     try:
         runtime.model = load_model(settings)
-        runtime.cache.lowercase = runtime.model.encoder.lowercases
+        runtime.models = {runtime.default_encoder: runtime.model}
     except (NotReady, FileNotFoundError, ValueError) as error:
         runtime.problem = str(error)
         log.error("not ready: %s", error)

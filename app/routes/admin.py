@@ -1,4 +1,4 @@
-"""Admin: candidate uploads that reindex with zero downtime, job status,
+"""Admin: candidate uploads that reindex with zero downtime, each set's encoder, job status,
 index info and rollback, for the default set (`/admin/candidates`, ...) and
 for named sets (`/admin/sets/{name}/...`). Every route needs the bearer token."""
 
@@ -19,7 +19,7 @@ from app.deps import RuntimeDep, SettingsDep
 from app.engine import describe
 from app.engine.reindex import Busy
 from app.engine.rollback import rollback as roll_back
-from app.engine.runtime import Runtime
+from app.engine.runtime import Runtime, UnknownEncoder
 from app.engine.sets import DEFAULT_SET, SET_NAME, NoSuchSet, check_set_name
 from app.engine.versions import previous_version
 from app.errors import COMMON, ApiError, ErrorKind, responses
@@ -58,6 +58,10 @@ async def set_name(
 
 
 SetNamePath = Annotated[str, Depends(set_name)]
+# A shipped bundle's directory name (`Settings.encoders_dir`); checked against them before the body is read.
+ENCODER_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+EncoderQuery = Annotated[str | None, Query(min_length=1, max_length=64, pattern=ENCODER_NAME)]
+RequiredEncoder = Annotated[str, Query(min_length=1, max_length=64, pattern=ENCODER_NAME)]
 
 
 @router.post("/candidates", status_code=202, openapi_extra={"requestBody": upload_body("upsert")})
@@ -67,11 +71,13 @@ async def upload(
     settings: SettingsDep,
     mode: Literal["append", "replace"] = "append",
     on_invalid: OnInvalid = "reject",
+    encoder: EncoderQuery = None,
 ) -> dict[str, Any]:
     """Records {reply, query?, id?, metadata?, tags?, language?} as a JSON array, NDJSON or CSV, into
     the default set. Starts a reindex; poll the returned job. `on_invalid=skip` indexes the valid
-    records and reports the rest."""
-    return await _submit(request, admin, settings, DEFAULT_SET, mode, on_invalid)
+    records and reports the rest. `encoder`: build with that shipped bundle (`GET /admin/sets` lists
+    them); unset, the set keeps its own."""
+    return await _submit(request, admin, settings, DEFAULT_SET, mode, on_invalid, encoder)
 
 
 @router.post("/candidates/delete", status_code=202, openapi_extra={"requestBody": upload_body("delete")})
@@ -90,17 +96,34 @@ async def upload_to_set(
     name: SetNamePath,
     mode: Literal["append", "replace"] = "append",
     on_invalid: OnInvalid = "reject",
+    encoder: EncoderQuery = None,
 ) -> dict[str, Any]:
-    """As `POST /admin/candidates`, into set `name`; the first upload creates the set."""
-    return await _submit(request, admin, settings, name, mode, on_invalid)
+    """As `POST /admin/candidates`, into set `name`; the first upload creates the set, with `encoder`
+    (default: the default encoder)."""
+    return await _submit(request, admin, settings, name, mode, on_invalid, encoder)
 
 
 @router.put("/sets/{name}/candidates", status_code=202, openapi_extra={"requestBody": upload_body("upsert")})
 async def replace_set(
-    request: Request, admin: AdminDep, settings: SettingsDep, name: SetNamePath, on_invalid: OnInvalid = "reject"
+    request: Request,
+    admin: AdminDep,
+    settings: SettingsDep,
+    name: SetNamePath,
+    on_invalid: OnInvalid = "reject",
+    encoder: EncoderQuery = None,
 ) -> dict[str, Any]:
     """Set `name`'s candidates become exactly these (mode=replace); the first upload creates the set."""
-    return await _submit(request, admin, settings, name, "replace", on_invalid)
+    return await _submit(request, admin, settings, name, "replace", on_invalid, encoder)
+
+
+@router.put("/sets/{name}/encoder", status_code=202)
+async def set_encoder(admin: AdminDep, name: SetNamePath, encoder: RequiredEncoder) -> dict[str, Any]:
+    """Re-encodes every candidate of set `name` with another shipped encoder: a reindex job; the
+    version before serves until the swap, and rolling back returns to it only through a new job."""
+    _check_encoder(admin.runtime, encoder)
+    target = await anyio.to_thread.run_sync(admin.of, name)
+    job = await anyio.to_thread.run_sync(target.reindexer.submit, "reencode", [], None, encoder)
+    return _accepted(name, job.id, job.state, "reencode", 0, 0)
 
 
 @router.post("/sets/{name}/candidates/delete", status_code=202, openapi_extra={"requestBody": upload_body("delete")})
@@ -111,9 +134,33 @@ async def delete_from_set(
     return await _submit(request, admin, settings, name, "delete", on_invalid)
 
 
+def _check_encoder(runtime: Runtime, encoder: str | None) -> None:
+    if encoder is not None and encoder not in runtime.encoders:
+        raise UnknownEncoder(encoder, sorted(runtime.encoders))
+
+
+def _accepted(name: str, job_id: str, state: str, mode: str, records: int, skipped: int) -> dict[str, Any]:
+    return {
+        "job_id": job_id,
+        "set": name,
+        "state": state,
+        "mode": mode,
+        "records": records,
+        "skipped": skipped,
+        "status": f"/admin/jobs/{job_id}" if name == DEFAULT_SET else f"/admin/sets/{name}/jobs/{job_id}",
+    }
+
+
 async def _submit(
-    request: Request, admin: Admin, settings: Settings, name: str, mode: Mode, on_invalid: OnInvalid
+    request: Request,
+    admin: Admin,
+    settings: Settings,
+    name: str,
+    mode: Mode,
+    on_invalid: OnInvalid,
+    encoder: str | None = None,
 ) -> dict[str, Any]:
+    _check_encoder(admin.runtime, encoder)  # before the body is read
     # A new set is only made once the upload is known good (below): a refused one leaves nothing behind.
     target = await anyio.to_thread.run_sync(admin.of, name) if name in admin.runtime.sets else None
     if target is not None:
@@ -133,17 +180,9 @@ async def _submit(
         await anyio.to_thread.run_sync(admin.check_total, name, stored + len(parsed.records))
     if target is None:
         target = await anyio.to_thread.run_sync(lambda: admin.of(name, create=True))
-    job = await anyio.to_thread.run_sync(target.reindexer.submit, mode, parsed.records, parsed.report())
+    job = await anyio.to_thread.run_sync(target.reindexer.submit, mode, parsed.records, parsed.report(), encoder)
     logs.note(request.scope, job_id=job.id, records=len(parsed.records), skipped=parsed.skipped_count, set=name)
-    return {
-        "job_id": job.id,
-        "set": name,
-        "state": job.state,
-        "mode": mode,
-        "records": len(parsed.records),
-        "skipped": parsed.skipped_count,
-        "status": f"/admin/jobs/{job.id}" if name == DEFAULT_SET else f"/admin/sets/{name}/jobs/{job.id}",
-    }
+    return _accepted(name, job.id, job.state, mode, len(parsed.records), parsed.skipped_count)
 
 
 @router.get("/jobs")
@@ -240,6 +279,7 @@ async def sets(admin: AdminDep, runtime: RuntimeDep) -> dict[str, Any]:
     """Every set: its version, counts and index size, and the service's limits on sets."""
     return {
         "sets": [describe.set_info(s) for s in runtime.sets.values()],
+        "encoders": describe.encoders(runtime),
         "limits": {"max_sets": admin.settings.max_sets, "max_total_candidates": admin.settings.max_total_candidates},
     }
 
