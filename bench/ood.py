@@ -41,7 +41,7 @@ from scipy.stats import spearmanr
 from bench.latency import cpu_description, free_port
 from bench.live_eval import wait
 from core.bundle import RELEASE_BUNDLE, open_bundle
-from models.ood import ReplySet, available_sts, chatterbot_set, sts_set
+from models.ood import ReplySet, available_human, available_sts, chatterbot_set, human_set, sts_set
 from models.reaction_classes import REACTION_CLASSES
 from models.reactions import near_duplicate_key, reaction_key
 
@@ -82,24 +82,32 @@ def upload(client: httpx.Client, replies: list[str], language: str) -> None:
         raise RuntimeError(f"upload of {len(records)} {language} replies: {state}")
 
 
-def reply_figures(client: httpx.Client, data: ReplySet) -> dict[str, Any]:
-    """R@1, R@10 (reply matching alone) and the reaction share (default strategies), per context."""
-    first = top10 = reactions = 0
+def reply_figures(client: httpx.Client, data: ReplySet, reactions: bool = True) -> dict[str, Any]:
+    """R@1, R@10 (reply matching alone) overall and on each fixed half, and the reaction share
+    (default strategies; `reactions=False` skips those requests), per context."""
+    first = np.zeros(len(data.contexts), dtype=bool)  # [C]
+    top10 = np.zeros(len(data.contexts), dtype=bool)  # [C]
+    reacted = 0
     for i, context in enumerate(data.contexts):
         body = {"context": list(context), "k": 10, "strategies": ["reply_matching"]}
         answer = client.post("/reply", json=body).raise_for_status().json()
-        first += data.hit(i, answer["reply"])
-        top10 += any(data.hit(i, c["text"]) for c in answer["candidates"])
-        default = client.post("/reply", json={"context": list(context)}).raise_for_status().json()
-        reactions += default["source"] == "reaction"
-    n = len(data.contexts)
-    return {
-        "r_at_1": round(first / n, 4),
-        "r_at_10": round(top10 / n, 4),
-        "reaction_share": round(reactions / n, 4),
-        "contexts": n,
-        "candidates": len(data.replies),
-    }
+        first[i] = data.hit(i, answer["reply"])
+        top10[i] = any(data.hit(i, c["text"]) for c in answer["candidates"])
+        if reactions:
+            default = client.post("/reply", json={"context": list(context)}).raise_for_status().json()
+            reacted += default["source"] == "reaction"
+    halves = np.array(data.halves)  # [C]
+    figures: dict[str, Any] = {"r_at_1": round(float(first.mean()), 4), "r_at_10": round(float(top10.mean()), 4)}
+    for name in ("A", "B"):
+        part = halves == name
+        figures[f"half_{name.lower()}"] = {
+            "r_at_1": round(float(first[part].mean()), 4),
+            "r_at_10": round(float(top10[part].mean()), 4),
+            "contexts": int(part.sum()),
+        }
+    if reactions:
+        figures["reaction_share"] = round(reacted / len(data.contexts), 4)
+    return {**figures, "contexts": len(data.contexts), "candidates": len(data.replies)}
 
 
 LABELLED_REACTIONS = ROOT / "bench" / "data" / "reactions_labelled.jsonl"
@@ -200,6 +208,13 @@ def score(bundle: Path, label: str) -> list[dict[str, Any]]:
             print(json.dumps(rows[-1]) + f"  ({time.perf_counter() - started:.0f}s)", flush=True)
             rows.append({**base, "set": f"reactions-labelled-{language}", **labelled_reactions(client, language)})
             print(json.dumps(rows[-1], ensure_ascii=False), flush=True)
+            for name in available_human():
+                data = human_set(name)
+                if data.language == language:
+                    started = time.perf_counter()
+                    upload(client, data.replies, language)
+                    rows.append({**base, "set": name, **reply_figures(client, data, reactions=False)})
+                    print(json.dumps(rows[-1]) + f"  ({time.perf_counter() - started:.0f}s)", flush=True)
             for name in available_sts():
                 if sts_set(name).language == language:
                     rows.append({**base, "set": name, **sts_figures(client, name)})
@@ -224,22 +239,25 @@ def markdown(rows: list[dict[str, Any]], cpu: str) -> str:
         "(reaction share). STS: Spearman x 100 of `/similar` pair scores. * trained on chatterbot-corpus "
         "(another language folder of it): not a clean figure.",
         "",
-        "| model | set | R@1 | R@10 | reactions | Spearman | contexts / pairs | candidates |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | set | R@1 | R@10 | half A R@1 / R@10 | half B R@1 / R@10 | reactions | Spearman "
+        "| contexts / pairs | candidates |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         mark = " *" if r["trained_on_chatterbot"] else ""
         if "fits" in r:
             lines.append(
                 f"| {r['model']}{mark} | {r['set']} | reaction fits {r['fits']:.1%}, contradicts {r['contradicts']}"
-                f" | | | | {r['utterances']} | |"
+                f" | | | | | | {r['utterances']} | |"
             )
         elif "spearman" in r:
-            lines.append(f"| {r['model']}{mark} | {r['set']} | | | | {r['spearman']:.1f} | {r['pairs']} | |")
+            lines.append(f"| {r['model']}{mark} | {r['set']} | | | | | | {r['spearman']:.1f} | {r['pairs']} | |")
         else:
+            halves = [f"{r[h]['r_at_1']:.3f} / {r[h]['r_at_10']:.3f}" if h in r else "" for h in ("half_a", "half_b")]
+            share = f"{r['reaction_share']:.1%}" if "reaction_share" in r else ""
             lines.append(
-                f"| {r['model']}{mark} | {r['set']} | {r['r_at_1']:.3f} | {r['r_at_10']:.3f} "
-                f"| {r['reaction_share']:.1%} | | {r['contexts']} | {r['candidates']} |"
+                f"| {r['model']}{mark} | {r['set']} | {r['r_at_1']:.3f} | {r['r_at_10']:.3f} | {halves[0]} "
+                f"| {halves[1]} | {share} | | {r['contexts']} | {r['candidates']} |"
             )
     return "\n".join(lines) + "\n"
 
@@ -256,11 +274,16 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     for bundle in args.bundle or [b for b in DEFAULT_BUNDLES if b.is_dir()]:
         rows += score(bundle, labels.get(str(bundle), open_bundle(bundle).name))
-    cpu = cpu_description()
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "ood.json").write_text(json.dumps(rows, indent=2, ensure_ascii=False) + "\n")
-    (args.out / "ood.md").write_text(markdown(rows, cpu))
-    print(markdown(rows, cpu))
+    print(write_rows(rows, args.out))
+
+
+def write_rows(rows: list[dict[str, Any]], out: Path) -> str:
+    """reports/ood.{json,md}: what models/release.py reads, and its table."""
+    text = markdown(rows, cpu_description())
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ood.json").write_text(json.dumps(rows, indent=2, ensure_ascii=False) + "\n")
+    (out / "ood.md").write_text(text)
+    return text
 
 
 if __name__ == "__main__":

