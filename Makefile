@@ -77,7 +77,7 @@ serve:  ## run the service on what is built
 run: index serve  ## fresh clone -> the release bundle serving on :8000 (no Redis needed)
 
 MULTILINGUAL := artifacts/bundles/multilingual-e5-chitchat-int8
-RELEASE_DIR := models/release/chitchat
+RELEASE_DIR := models/release/minilm
 # The package's 4-bit weights with the fine-tuned top layers tracked in
 # models/release/multilingual-layers laid over them (checked by sha256).
 multilingual: $(VENV)/.multilingual  ## multilingual-e5-small + our fine-tuned layers -> int8 bundle, parity-gated

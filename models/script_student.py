@@ -2,7 +2,7 @@
 
     python -m models.script_student --work artifacts/script-student              # train, judge, resumable
     python -m models.script_student --work artifacts/script-student --export     # -> an int8 bundle
-    python -m models.script_student --work DIR --rows-from models/release/chitchat --export [--fp32] [--fuse]
+    python -m models.script_student --work DIR --rows-from models/release/minilm --export [--fp32] [--fuse]
         # the shipped rows, re-exported under another graph or precision, without the training run
 
 Run 3 and run 4 (docs/training.md) found that a student reading one
