@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-from tests.helpers import bundle_of
+from tests.helpers import AUTH, TOKEN, bundle_of
 
 if TYPE_CHECKING:
     from playwright.sync_api import Page, Route
@@ -94,6 +94,7 @@ def server(artifacts: Path, tmp_path: Path) -> Iterator[str]:
         "CHITCHAT_BUNDLE_DIR": str(bundle_of(copy)),
         # One thread: the tiny model needs no more, and CI shares its cores with other jobs.
         "CHITCHAT_ORT_INTRA_OP_THREADS": "1",
+        "CHITCHAT_ADMIN_TOKEN": TOKEN,  # the README's walk-through uploads a set of its own
     }
     port = _free_port()
     log_path = tmp_path / "server.log"
@@ -260,3 +261,35 @@ def test_a_conversation_in_a_phone_sized_browser(
     console_errors.clear()
 
     assert not script_errors, script_errors
+
+
+KOREAN_REPLIES = ["축하해! 정말 잘됐다", "헐 괜찮아? 많이 아파?", "나도 치킨 좋아해 ㅋㅋ"]
+
+
+def test_the_readme_korean_walk_through_in_a_browser(page: Page, server: str) -> None:
+    """README, "A Korean set": upload Korean replies into a set of their own, pick it on the page, chat in Korean."""
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=TIMEOUT_MS)
+    records = [{"reply": r, "id": f"ko-{i}", "language": "ko"} for i, r in enumerate(KOREAN_REPLIES)]
+    accepted = httpx.post(f"{server}/admin/sets/korean/candidates", json=records, headers=AUTH, timeout=30)
+    assert accepted.status_code == 202, accepted.text
+    for _ in range(600):
+        job = httpx.get(f"{server}{accepted.json()['status']}", headers=AUTH, timeout=10).json()
+        if job["state"] in ("succeeded", "failed"):
+            break
+        time.sleep(0.1)
+    assert job["state"] == "succeeded", job
+
+    page.goto("/")
+    picker = page.get_by_label("Set")
+    expect(picker.locator("option")).to_have_count(2)  # default, korean: from /readyz
+    picker.select_option("korean")
+    box = page.get_by_label("Your message")
+    box.fill("나 오늘 합격했어!")
+    box.press("Enter")
+    bot = page.locator(".msg.bot:not(.thinking)")
+    expect(bot).to_have_count(1)
+    assert bot.first.locator(".text").inner_text().strip() in KOREAN_REPLIES
+    expect(page.locator("#index-version")).to_have_text(re.compile(r"^korean v"))
+    expect(page.locator("#error")).to_be_hidden()
