@@ -44,6 +44,7 @@ from core.bundle import RELEASE_BUNDLE, open_bundle
 from models.ood import ReplySet, available_human, available_sts, chatterbot_set, human_set, sts_set
 from models.reaction_classes import REACTION_CLASSES
 from models.reactions import near_duplicate_key, reaction_key
+from models.trained_layers import saw_chatterbot
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "ood-bench"
@@ -225,10 +226,7 @@ def score(bundle: Path, label: str) -> list[dict[str, Any]]:
 def trained_on_chatterbot(bundle: Path) -> bool:
     """Whether the bundle's weights saw chatterbot-corpus (in any language): its figures here are not clean."""
     training = open_bundle(bundle).training
-    layers = training.get("layers", {}) or training.get("teacher", {})
-    config = layers.get("source", {}).get("config", {}) if isinstance(layers.get("source"), dict) else {}
-    # Tunes before the `chatterbot` switch trained on it whenever they had other-language batches.
-    return bool(config) and bool(config.get("chatterbot", config.get("multilingual_every", 0) > 0))
+    return saw_chatterbot(training.get("layers", {}) or training.get("teacher", {}))
 
 
 def markdown(rows: list[dict[str, Any]], cpu: str) -> str:

@@ -61,6 +61,7 @@ from models.trained_layers import (
     overlay,
     read_layers,
     read_release,
+    saw_chatterbot,
     write_release,
 )
 from models.written_korean import nearest_written
@@ -192,7 +193,10 @@ def main() -> None:
     korean = korean_rows()
     far = far_half(bundles[NAME], korean)
     rows = {name: judge(bundle, korean, args.english_examples, far) for name, bundle in bundles.items()}
-    passed = gates(rows[spec.name], rows[NAME], rows.get(TUNED_NAME))
+    # The layers it would replace bind it only if they are clean: Korean figures lifted by
+    # chatterbot's translated pairs are no bar for layers that never saw them.
+    released_row = rows.get(TUNED_NAME) if not saw_chatterbot(read_release(RELEASE_LAYERS)[1]) else None
+    passed = gates(rows[spec.name], rows[NAME], released_row)
     report = {"alpha": args.alpha, "rows": rows, "gates": passed, "layers_sha256": manifest["sha256"]}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "multilingual_release.json").write_text(json.dumps(report, indent=2))

@@ -74,3 +74,11 @@ def read_release(folder: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     if actual != manifest["sha256"]:
         raise ValueError(f"{path}: sha256 {actual[:12]}..., its manifest says {manifest['sha256'][:12]}...")
     return read_layers(path), manifest
+
+
+def saw_chatterbot(record: dict[str, Any]) -> bool:
+    """Whether the layers a release record describes trained on chatterbot-corpus (any language folder):
+    tunes before the `chatterbot` switch did whenever they had other-language batches."""
+    source = record.get("source")
+    config = source.get("config", {}) if isinstance(source, dict) else {}
+    return bool(config) and bool(config.get("chatterbot", config.get("multilingual_every", 0) > 0))
