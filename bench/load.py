@@ -181,7 +181,8 @@ def markdown(
         f"`/reply` under wrk on loopback, {cores} cores shared by the server and wrk, {duration} s per row, every "
         "request a multi-turn held-out context whose last turn ends with a tag no other request carries (no "
         f'cache hits). "project": this service on bundle {bundle} and index {version} ({settings}); "naive": '
-        "sentence-transformers in PyTorch + FAISS exact search + one FastAPI route, on the same replies.",
+        "MiniLM through sentence-transformers in PyTorch + FAISS exact search + one FastAPI route, on the same "
+        'replies; "naive-e5": the same with the default encoder\'s weights (e5-small + the tracked layers) in PyTorch.',
         "",
         "| service | clients | rps | p50 | p99 | errors |",
         "|---|---|---|---|---|---|",
@@ -193,9 +194,10 @@ def markdown(
         )
     by = {(r["service"], r["clients"]): r for r in rows}
     for clients in sorted({r["clients"] for r in rows}):
-        ours, naive = by.get(("project", clients)), by.get(("naive", clients))
-        if ours and naive and naive["rps"]:
-            lines.append(f"| ratio | {clients} | {ours['rps'] / naive['rps']:.1f}× | | | |")
+        for naive_name in ("naive", "naive-e5"):
+            ours, naive = by.get(("project", clients)), by.get((naive_name, clients))
+            if ours and naive and naive["rps"]:
+                lines.append(f"| ratio to {naive_name} | {clients} | {ours['rps'] / naive['rps']:.1f}× | | | |")
     p, naive = extra.get("project", {}), extra.get("naive", {})
     lines += [
         "",
@@ -240,6 +242,8 @@ def main() -> None:
         # The naive service answers from the same index version's replies (its own vectors, cached by model).
         "naive": {**env, "NAIVE_INDEX_DIR": str(store.path(version)), "NAIVE_CACHE_DIR": str(artifacts / "bench")},
     }
+    # ... and, for an e5 bundle, the same encoder's weights in PyTorch: like against like.
+    envs["naive-e5"] = {**envs["naive"], "NAIVE_MODEL": "e5"}
     pool = contexts()
     nonce = os.urandom(3).hex()  # a fresh tag per invocation too, should a cache outlive a run
     rows: list[dict[str, Any]] = []
@@ -253,8 +257,10 @@ def main() -> None:
         ]
         # The first requests pay for lazy initialisation: a short unmeasured run on contexts of its own.
         services = {"project": ["app.main:create_app", "--factory"], "naive": ["bench.naive:app"]}
+        if bundle.query_prefix.startswith("query:"):  # an e5 bundle: its own naive twin too
+            services["naive-e5"] = ["bench.naive:app"]
         if args.skip_naive:
-            del services["naive"]
+            services = {"project": services["project"]}
         for service, target in services.items():
             port = free_port()
             command = [sys.executable, "-m", "uvicorn", *target, "--host", "127.0.0.1", "--port", str(port)]
