@@ -2,7 +2,7 @@
 
     python -m bench.chaos                      # every scenario -> reports/chaos.md, reports/chaos.json
     python -m bench.chaos --soak-minutes 10    # ... with the issue's 10-minute soak (about 20 minutes in all)
-    python -m bench.chaos --only 1,3,11,16,19 --quick --sample 2000 --out /tmp/chaos-quick   # CI (`make chaos-quick`)
+    python -m bench.chaos --only 1,3,11,16,19,22 --quick --sample 2000 --out /tmp/chaos-quick  # CI (`make chaos-quick`)
 
 Each scenario starts what it needs (a redis-server on a free port, the
 service on the release bundle and a private copy of its index, the load
@@ -11,10 +11,17 @@ and whether they meet its bar. Scenarios that inject nothing into the
 service (7, 9, 12, 13) share one service and one Redis.
 
 Scenarios 16-21 run three service processes on three ports, sharing one
-Redis and one artifacts folder, as replicas behind a load balancer do.
+Redis and one artifacts folder, as replicas behind a load balancer do; 22
+runs one process, then three replicas.
+
+Scenario 22 serves two sets, each with its own shipped encoder: it needs two
+bundles under the services' CHITCHAT_ENCODERS_DIR (default models/release/),
+and reports n/a with the reason when there is one. --encoders-dir points its
+services at another folder of bundles (the suite's own CHITCHAT_ variables
+never reach a service), e.g. one of symlinks to two built bundles.
 
 Two indexes are served. The full one is the release bundle's under
---artifacts (`make index`). The scenarios that reindex (3, 4, 8, 15-18, 20) serve a
+--artifacts (`make index`). The scenarios that reindex (3, 4, 8, 15-18, 20, 22) serve a
 sample of it (--sample N candidates, built here in seconds from its stored
 vectors): an append rebuilds every candidate's graph, ~30 s for the full
 ~100k even on an idle machine, so "3 reindexes in 2 minutes" would time the
@@ -24,7 +31,7 @@ index (CI) everything runs on a sample encoded from the chitchat corpus.
 
 The default soak is 3 minutes with a reindex every 45 s, not the issue's 10
 with one every 2 minutes (--soak-minutes 10); its row says which it ran.
-Estimated on 2 cores: about 16 minutes for all scenarios, 3.5 for the CI subset.
+Estimated on 2 cores: about 18 minutes for all scenarios, 4.5 for the CI subset.
 """
 
 from __future__ import annotations
@@ -43,14 +50,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.chaos import load_faults, redis_faults, reindex_faults, replicas, security, sessions
+from bench.chaos import encoders, load_faults, redis_faults, reindex_faults, replicas, security, sessions
 from bench.chaos.context import QUICK, Context, Durations
 from bench.chaos.harness import link_or_copy
 from core.bundle import RELEASE_BUNDLE, BundleManifest, open_bundle
 
 Scenario = tuple[str, str, Callable[[Context], dict[str, Any]]]
 # These reindex: they serve the sampled index (see the docstring).
-ON_SAMPLE = frozenset({3, 4, 8, 15, 16, 17, 18, 20})
+ON_SAMPLE = frozenset({3, 4, 8, 15, 16, 17, 18, 20, 22})
 SCENARIOS: dict[int, Scenario] = {
     1: (
         "Redis kill -9 under mixed load, restarted later",
@@ -145,6 +152,12 @@ SCENARIOS: dict[int, Scenario] = {
         "ignored with a log line each; versions unchanged; nothing outside the indexes folder read",
         replicas.hostile_update_messages,
     ),
+    22: (
+        "an English and a Korean set, each with its own encoder, under load: one process, then 3 replicas",
+        "0 5xx; every answer's ids from the asked set, which it echoes with its version; /info names each "
+        "set's encoder on every replica; >= 98% of probes found (n/a with one encoder shipped)",
+        encoders.two_sets_two_encoders,
+    ),
 }
 
 
@@ -230,6 +243,11 @@ def main() -> None:
     )
     parser.add_argument("--soak-minutes", type=float, help="scenario 15's length (default 3; 1 with --quick)")
     parser.add_argument("--out", type=Path, default=Path("reports"))
+    parser.add_argument(
+        "--encoders-dir",
+        type=Path,
+        help="scenario 22's services' CHITCHAT_ENCODERS_DIR: the bundles a set may name (default: models/release/)",
+    )
     args = parser.parse_args()
     chosen = [int(n) for n in args.only.split(",")] if args.only else sorted(SCENARIOS)
     unknown = sorted(set(chosen) - set(SCENARIOS))
@@ -263,6 +281,7 @@ def main() -> None:
         ctx = Context(
             Path(work), full[0] if full else None, sample[0] if sample else None, manifest.checksum, durations, labels
         )
+        ctx.encoders_dir = args.encoders_dir.resolve() if args.encoders_dir else None
         try:
             for number in chosen:
                 name, bar, run = SCENARIOS[number]

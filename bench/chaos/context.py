@@ -46,6 +46,7 @@ class Durations:
     soak: float = 180
     replica_upload: int = 20_000  # scenario 16's new candidates: a job long enough to start a replica into
     maxmemory_load: float = 60  # scenario 20's window
+    encoders_load: float = 30  # scenario 22's load, once on one process and once on three replicas
 
     @property
     def soak_reindex_every(self) -> float:
@@ -69,6 +70,7 @@ QUICK = Durations(
     soak=60,
     replica_upload=10_000,
     maxmemory_load=20,
+    encoders_load=10,
 )
 
 
@@ -81,6 +83,9 @@ class Context:
     durations: Durations
     labels: dict[str, str] = field(default_factory=dict)  # "full"/"sample" -> what that index is, for the report
     on_sample: bool = False  # set per scenario: which index its services serve
+    # Where scenario 22's services find the encoders a set may name (CHITCHAT_ENCODERS_DIR): the
+    # services never inherit the suite's own CHITCHAT_ variables. None: the service's default.
+    encoders_dir: Path | None = None
     _shared: tuple[RedisServer, Service] | None = None
 
     def source(self, sampled: bool | None = None) -> tuple[Path, str]:
