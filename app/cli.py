@@ -68,6 +68,7 @@ def _upload(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             content_type=args.content_type,
             set_name=args.set,
+            encoder=args.encoder,
         )
     _print(result)
     for line in _upload_summary(result):
@@ -254,6 +255,7 @@ def _parser() -> argparse.ArgumentParser:
     upload.add_argument("--mode", choices=("append", "replace", "delete"), default="append")
     upload.add_argument("--on-invalid", choices=("skip",), help="drop invalid records instead of refusing all")
     upload.add_argument("--content-type", help="override the type the extension implies")
+    upload.add_argument("--encoder", help="build the set with this shipped encoder (e5, minilm; default: its own)")
     upload.add_argument("--no-wait", action="store_true", help="print the queued job and return")
     upload.add_argument("--no-progress", action="store_true", help="no progress bar while waiting")
 

@@ -137,3 +137,14 @@ async def test_pairs_are_scored_without_an_index(make_client: AppFactory, tmp_pa
         assert len(body["scores"]) == 2 and body["scores"][1] == pytest.approx(1.0, abs=1e-3)
         assert "index_version" not in body
         assert read_manifest(bundle).checksum  # the default encoder scored them
+
+
+def test_the_client_and_cli_name_an_encoder_on_upload() -> None:
+    from app.cli import _parser
+    from app.client._base import upload_call
+
+    call = upload_call([{"reply": "응 잘 지내"}], "append", None, None, "korean", "minilm")
+    assert call.params == {"mode": "append", "encoder": "minilm"} and call.path.endswith("/sets/korean/candidates")
+    assert "encoder" not in upload_call([{"reply": "hi"}], "append", None, None).params
+    args = _parser().parse_args(["upload", "replies.csv", "--set", "korean", "--encoder", "minilm"])
+    assert args.encoder == "minilm"

@@ -154,9 +154,10 @@ class AsyncChitchatClient:
         on_invalid: str | None = None,
         content_type: str | None = None,
         set_name: str | None = None,
+        encoder: str | None = None,
     ) -> UploadAccepted:
         """Upload candidates and return once the reindex job is queued. See `upload_candidates`."""
-        call = _base.upload_call(source, mode, on_invalid, content_type, set_name)
+        call = _base.upload_call(source, mode, on_invalid, content_type, set_name, encoder)
         return _base.parse(UploadAccepted, await self._send(call))
 
     @overload
@@ -172,6 +173,7 @@ class AsyncChitchatClient:
         wait_timeout: float | None = ...,
         content_type: str | None = ...,
         set_name: str | None = ...,
+        encoder: str | None = ...,
     ) -> Job: ...
 
     @overload
@@ -187,6 +189,7 @@ class AsyncChitchatClient:
         wait_timeout: float | None = ...,
         content_type: str | None = ...,
         set_name: str | None = ...,
+        encoder: str | None = ...,
     ) -> UploadAccepted: ...
 
     @overload
@@ -202,6 +205,7 @@ class AsyncChitchatClient:
         wait_timeout: float | None = ...,
         content_type: str | None = ...,
         set_name: str | None = ...,
+        encoder: str | None = ...,
     ) -> Job | UploadAccepted: ...
 
     async def upload_candidates(
@@ -216,6 +220,7 @@ class AsyncChitchatClient:
         wait_timeout: float | None = None,
         content_type: str | None = None,
         set_name: str | None = None,
+        encoder: str | None = None,
     ) -> Job | UploadAccepted:
         """Upload candidates ({reply, query?, id?, metadata?}; {id} to delete) and reindex.
 
@@ -225,9 +230,10 @@ class AsyncChitchatClient:
         bar on stderr when ``progress``, and returns the finished `Job` -- failed or succeeded, check
         ``job.succeeded``; without, the `UploadAccepted`. Never retried. ``set_name``: the candidate set to
         upload to (the default set unless given); the first upload to a name creates the set.
+        ``encoder``: the shipped encoder to build the set with (its own, or the default, unless given).
         """
         accepted = await self.submit_candidates(
-            source, mode, on_invalid=on_invalid, content_type=content_type, set_name=set_name
+            source, mode, on_invalid=on_invalid, content_type=content_type, set_name=set_name, encoder=encoder
         )
         if not wait:
             return accepted

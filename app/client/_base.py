@@ -130,13 +130,20 @@ def similar_call(
 
 
 def upload_call(
-    source: Source, mode: Mode, on_invalid: str | None, content_type: str | None, set_name: str | None = None
+    source: Source,
+    mode: Mode,
+    on_invalid: str | None,
+    content_type: str | None,
+    set_name: str | None = None,
+    encoder: str | None = None,
 ) -> Call:
     # Deletions have a route of their own: their records are ids (or whole records), not candidates.
     path_for = admin_path(set_name, "candidates/delete" if mode == "delete" else "candidates")
     params: dict[str, str] = {} if mode == "delete" else {"mode": mode}
     if on_invalid is not None:
         params["on_invalid"] = on_invalid
+    if encoder is not None:
+        params["encoder"] = encoder
     if not isinstance(source, str | os.PathLike):
         records = [dict(record) for record in source]
         return Call(

@@ -152,9 +152,10 @@ class ChitchatClient:
         on_invalid: str | None = None,
         content_type: str | None = None,
         set_name: str | None = None,
+        encoder: str | None = None,
     ) -> UploadAccepted:
         """Upload candidates and return once the reindex job is queued. See `upload_candidates`."""
-        call = _base.upload_call(source, mode, on_invalid, content_type, set_name)
+        call = _base.upload_call(source, mode, on_invalid, content_type, set_name, encoder)
         return _base.parse(UploadAccepted, self._send(call))
 
     @overload
@@ -170,6 +171,7 @@ class ChitchatClient:
         wait_timeout: float | None = ...,
         content_type: str | None = ...,
         set_name: str | None = ...,
+        encoder: str | None = ...,
     ) -> Job: ...
 
     @overload
@@ -185,6 +187,7 @@ class ChitchatClient:
         wait_timeout: float | None = ...,
         content_type: str | None = ...,
         set_name: str | None = ...,
+        encoder: str | None = ...,
     ) -> UploadAccepted: ...
 
     @overload
@@ -200,6 +203,7 @@ class ChitchatClient:
         wait_timeout: float | None = ...,
         content_type: str | None = ...,
         set_name: str | None = ...,
+        encoder: str | None = ...,
     ) -> Job | UploadAccepted: ...
 
     def upload_candidates(
@@ -214,6 +218,7 @@ class ChitchatClient:
         wait_timeout: float | None = None,
         content_type: str | None = None,
         set_name: str | None = None,
+        encoder: str | None = None,
     ) -> Job | UploadAccepted:
         """Upload candidates ({reply, query?, id?, metadata?}; {id} to delete) and reindex.
 
@@ -223,9 +228,10 @@ class ChitchatClient:
         bar on stderr when ``progress``, and returns the finished `Job` -- failed or succeeded, check
         ``job.succeeded``; without, the `UploadAccepted`. Never retried. ``set_name``: the candidate set to
         upload to (the default set unless given); the first upload to a name creates the set.
+        ``encoder``: the shipped encoder to build the set with (its own, or the default, unless given).
         """
         accepted = self.submit_candidates(
-            source, mode, on_invalid=on_invalid, content_type=content_type, set_name=set_name
+            source, mode, on_invalid=on_invalid, content_type=content_type, set_name=set_name, encoder=encoder
         )
         if not wait:
             return accepted
