@@ -43,6 +43,8 @@ class Settings(BaseSettings):
     session_ttl_s: int = Field(default=3600, ge=1)
     # Sessions the in-process store keeps without Redis, least recently used dropped first.
     session_local_entries: int = Field(default=100_000, ge=1)
+    # ... and at most this many MiB of them: sessions are open to anyone, and their turns may be long.
+    session_local_mb: int = Field(default=128, ge=1, le=65_536)
     # Turns kept per session (user and bot turns both count).
     session_max_turns: int = Field(default=10, ge=1, le=100)
     # A session never gets any of the bot's last N replies again.

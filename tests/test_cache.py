@@ -156,3 +156,20 @@ async def test_writes_past_the_in_flight_bound_are_skipped_and_counted() -> None
     store.release.set()
     await lru.flush()
     assert len(store.writes) == MAX_PENDING_WRITES and lru.local_size[0] == MAX_PENDING_WRITES + 3
+
+
+async def test_the_in_process_session_store_is_bounded_in_bytes_not_only_in_entries() -> None:
+    """#49: a session of ten 1,000-character Korean turns is ~30 KiB; 100,000 sessions, the entry bound,
+    would hold ~1.5 GiB, and sessions are open to anyone. The byte bound drops the least recently used."""
+    store = MemoryKV(max_entries=100_000, max_bytes=4 << 20)
+    turn = ("가" * 1000).encode()  # 3,000 bytes of UTF-8
+    for session in range(1000):
+        for writes in range(10):
+            assert await store.list_append_if(f"s:{session}", writes, [turn], keep_last=10, ttl_s=60)
+    assert store.held <= 4 << 20  # 1,000 sessions of ~30 KiB: ~30 MiB without the byte bound
+    newest, writes = await store.list_read("s:999")
+    assert len(newest) == 10 and writes == 10  # the most recent session is whole
+    assert (await store.list_read("s:0"))[0] == []  # the oldest went first
+    await store.set_many({"k": b"x"}, ttl_s=60)
+    await store.set_many({"k": b"y" * 10}, ttl_s=60)  # a rewrite replaces its bytes, not adds them
+    assert store.held <= 4 << 20 and await store.get_many(["k"]) == [b"y" * 10]

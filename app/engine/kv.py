@@ -39,11 +39,24 @@ class KeyValue(Protocol):
     async def close(self) -> None: ...
 
 
-class MemoryKV:
-    """Bounded LRU with per-key expiry; the embedded default with no Redis."""
+ENTRY_OVERHEAD = 200  # bytes a stored entry costs besides its key and value: the tuple, list, float, dict slot
 
-    def __init__(self, max_entries: int = 100_000) -> None:
+
+def _size(key: str, value: bytes | list[bytes]) -> int:
+    stored = len(value) if isinstance(value, bytes) else sum(len(v) + 40 for v in value)  # 40: a bytes object
+    return len(key) + stored + ENTRY_OVERHEAD
+
+
+class MemoryKV:
+    """LRU with per-key expiry, bounded by entries and by bytes; the embedded default with no Redis.
+
+    A count alone does not bound memory: a session of ten 1,000-character Korean turns is ~30 KiB,
+    so 100,000 of them would hold ~1.5 GiB, and anyone may open sessions."""
+
+    def __init__(self, max_entries: int = 100_000, max_bytes: int = 128 << 20) -> None:
         self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.held = 0  # bytes of every entry, by `_size`
         self._data: OrderedDict[str, tuple[float, bytes | list[bytes]]] = OrderedDict()
 
     def _get(self, key: str) -> bytes | list[bytes] | None:
@@ -52,16 +65,22 @@ class MemoryKV:
             return None
         expires, value = item
         if expires < time.monotonic():
-            del self._data[key]
+            self._drop(key)
             return None
         self._data.move_to_end(key)
         return value
 
+    def _drop(self, key: str) -> None:
+        _, value = self._data.pop(key)
+        self.held -= _size(key, value)
+
     def _put(self, key: str, value: bytes | list[bytes], ttl_s: int) -> None:
+        if key in self._data:
+            self._drop(key)
         self._data[key] = (time.monotonic() + ttl_s, value)
-        self._data.move_to_end(key)
-        while len(self._data) > self.max_entries:
-            self._data.popitem(last=False)
+        self.held += _size(key, value)
+        while self._data and (len(self._data) > self.max_entries or self.held > self.max_bytes):
+            self._drop(next(iter(self._data)))  # the least recently used
 
     async def get_many(self, keys: list[str]) -> list[bytes | None]:
         values = [self._get(k) for k in keys]
@@ -88,6 +107,7 @@ class MemoryKV:
 
     async def close(self) -> None:
         self._data.clear()
+        self.held = 0
 
 
 def _client(url: str, timeout_s: float) -> aioredis.Redis:
@@ -247,7 +267,9 @@ class Guarded:
             await self.inner.close()
 
 
-def open_store(redis_url: str | None, timeout_ms: int, retry_after_s: float, memory_entries: int) -> Guarded:
+def open_store(
+    redis_url: str | None, timeout_ms: int, retry_after_s: float, memory_entries: int, memory_bytes: int = 128 << 20
+) -> Guarded:
     if redis_url:
         return Guarded(RedisKV(redis_url, timeout_ms / 1000), retry_after_s)
-    return Guarded(MemoryKV(memory_entries), retry_after_s, disabled=True)
+    return Guarded(MemoryKV(memory_entries, memory_bytes), retry_after_s, disabled=True)

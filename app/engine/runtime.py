@@ -290,7 +290,11 @@ def build_runtime(settings: Settings) -> Runtime:
     """The model and every set on the volume, each serving its newest version built with the model."""
     limit_cpu_threads(settings)
     kv = open_store(
-        settings.redis_url, settings.redis_timeout_ms, settings.redis_retry_after_s, settings.session_local_entries
+        settings.redis_url,
+        settings.redis_timeout_ms,
+        settings.redis_retry_after_s,
+        settings.session_local_entries,
+        settings.session_local_mb << 20,
     )
     # A guard of its own: a cache Redis that is full or gone bypasses the cache, never the sessions.
     # Without Redis the cache is its in-process LRU alone, so the store's size does not matter.
