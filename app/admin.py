@@ -29,7 +29,15 @@ from app.engine.jobs import (
 from app.engine.reindex import REINDEX_SECONDS, Reindexer
 from app.engine.replicas import Publisher, replica_id
 from app.engine.runtime import Runtime
-from app.engine.sets import DEFAULT_SET, CandidateSet, NoSuchSet, check_set_name, remove_set_dir, set_dir
+from app.engine.sets import (
+    DEFAULT_SET,
+    CandidateSet,
+    NoSuchSet,
+    check_set_name,
+    move_set_dir_away,
+    remove_moved,
+    set_dir,
+)
 from app.engine.stats import Buckets
 from index.candidates import REDIS_KEY, CandidateStore, FileCandidateStore, RedisCandidateStore
 
@@ -136,11 +144,14 @@ class Admin:
         holding = admin.reindexer.claim(f"delete-{name}@{self.origin}")
         try:
             # The directory first: once it is gone no follower (here or elsewhere) can add the set back,
-            # and the other replicas drop it at their next look. Requests in flight keep their snapshot.
-            remove_set_dir(self.settings.artifacts_dir, name)
-            with self._guard:
+            # and the other replicas drop it at their next look. Both under the lock the follower adds
+            # sets under, so its listing from before cannot add it back here. Requests in flight keep
+            # their snapshot.
+            with self._guard, self.runtime.sets_lock:  # `of`'s order: the guard, then the runtime's lock
+                gone = move_set_dir_away(self.settings.artifacts_dir, name)
                 self.runtime.drop_set(name)
                 self.sets.pop(name, None)
+            remove_moved(gone)
             admin.candidates.remove()
         finally:
             holding.release()

@@ -80,3 +80,37 @@ def test_another_hosts_staging_is_removed_only_once_abandoned(tmp_path: Path) ->
         os.utime(path, (hours_ago, hours_ago))
     assert store.remove_staging() == [abandoned.name]
     assert building.exists() and not abandoned.exists()
+
+
+@pytest.mark.anyio
+async def test_a_missing_sets_folder_is_not_every_set_deleted(runtime: Runtime) -> None:
+    """#49, item 11: a remount that hides artifacts/sets for a poll must not drop every named set."""
+    from app.engine.replicas import Follower
+    from app.engine.sets import SETS_DIR, set_dir
+
+    artifacts = runtime.settings.artifacts_dir
+    (set_dir(artifacts, "kids") / "indexes").mkdir(parents=True)
+    follower = Follower(runtime, poll_s=60)
+    await follower.follow()
+    assert "kids" in runtime.sets
+    hidden = artifacts / SETS_DIR
+    hidden.rename(artifacts / "sets-unmounted")
+    await follower.follow()
+    assert "kids" in runtime.sets  # nothing on the volume said it was deleted
+    (artifacts / "sets-unmounted").rename(hidden)
+    shutil.rmtree(set_dir(artifacts, "kids"))
+    await follower.follow()
+    assert "kids" not in runtime.sets  # a real delete still drops it
+
+
+@pytest.mark.anyio
+async def test_a_listing_from_before_a_delete_does_not_bring_the_set_back(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#49, item 11: the follower lists the volume, a delete lands, then the follower adds what it listed."""
+    from app.engine import replicas
+
+    stale = ["default", "deleted"]  # listed just before `deleted`'s directory was moved away
+    monkeypatch.setattr(replicas, "names_on_volume", lambda artifacts: stale)
+    await replicas.Follower(runtime, poll_s=60).follow()
+    assert "deleted" not in runtime.sets

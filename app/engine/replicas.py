@@ -79,13 +79,18 @@ class Follower:
         runtime = self.runtime
         if runtime.model is None:
             return False
-        on_volume = await anyio.to_thread.run_sync(names_on_volume, runtime.settings.artifacts_dir)
-        for gone in set(runtime.sets) - set(on_volume):
+        listed = await anyio.to_thread.run_sync(names_on_volume, runtime.settings.artifacts_dir)
+        if listed is None:  # no sets folder: a remount, say. Nothing was seen deleted, so nothing is dropped.
+            listed = list(runtime.sets)
+        for gone in set(runtime.sets) - set(listed):
             runtime.drop_set(gone)
             log.info("set %s: deleted on the volume; no longer served", gone)
         swapped = False
-        for name in on_volume:
-            swapped |= await self._follow_set(runtime.add_set(name))
+        for name in listed:
+            # Added only if still there: a delete since the listing must not be undone until the next poll.
+            candidates = await anyio.to_thread.run_sync(runtime.add_set_on_volume, name)
+            if candidates is not None:
+                swapped |= await self._follow_set(candidates)
         return swapped
 
     async def _follow_set(self, candidates: CandidateSet) -> bool:

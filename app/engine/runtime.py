@@ -27,7 +27,15 @@ from app.engine.encoding import EncoderQueue, encoder_queue
 from app.engine.kernels import choose_lone_session
 from app.engine.kv import Guarded, open_store
 from app.engine.sessions import SessionStore
-from app.engine.sets import DEFAULT_SET, CandidateSet, NoSuchSet, NotReady, indexes_root, names_on_volume
+from app.engine.sets import (
+    DEFAULT_SET,
+    CandidateSet,
+    NoSuchSet,
+    NotReady,
+    indexes_root,
+    names_on_volume,
+    on_volume,
+)
 from app.engine.stats import Stages
 from core import filters
 from core.bundle import BundleError, BundleManifest, open_bundle, read_manifest, shipped_bundles
@@ -73,8 +81,9 @@ class Runtime:
     # name -> set. Replaced as a whole when a set comes or goes (`add_set`, `drop_set`), so a
     # reader iterating it never sees it change under it.
     sets: dict[str, CandidateSet] = field(default_factory=dict)
-    # Held while a set is added or dropped: the admin threads and the follower both add sets.
-    sets_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # Held while a set is added or dropped: the admin threads and the follower both add sets. Re-entrant:
+    # a delete holds it across moving the set's directory away and dropping the set (`Admin.delete`).
+    sets_lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
     @property
     def default(self) -> CandidateSet:
@@ -149,6 +158,12 @@ class Runtime:
                 added.problem = f"set {name!r} has no index version yet: upload candidates to it"
                 self.sets = {**self.sets, name: added}
             return self.sets[name]
+
+    def add_set_on_volume(self, name: str) -> CandidateSet | None:
+        """As `add_set`, only while the set's directory exists, checked under the lock a delete holds:
+        a listing read before a delete never brings the deleted set back."""
+        with self.sets_lock:
+            return self.add_set(name) if on_volume(self.settings.artifacts_dir, name) else None
 
     def drop_set(self, name: str) -> None:
         with self.sets_lock:
@@ -324,7 +339,7 @@ def build_runtime(settings: Settings) -> Runtime:
         runtime.problem = str(error)
         log.error("not ready: %s", error)
         return runtime
-    for name in names_on_volume(settings.artifacts_dir):
+    for name in names_on_volume(settings.artifacts_dir) or [DEFAULT_SET]:
         try:
             runtime.load_set(name)
         except (FileNotFoundError, ValueError) as error:

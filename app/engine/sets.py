@@ -67,21 +67,35 @@ def indexes_root(artifacts: Path, name: str) -> Path:
     return artifacts / "indexes" if name == DEFAULT_SET else set_dir(artifacts, name) / "indexes"
 
 
-def names_on_volume(artifacts: Path) -> list[str]:
-    """The named sets whose directories exist, sorted; the default set always exists."""
+def names_on_volume(artifacts: Path) -> list[str] | None:
+    """The named sets whose directories exist, sorted, after the default set, which always exists.
+    None when there is no sets folder to read: no named set was ever made, or the volume is not
+    there (a remount); either way nothing on it says a set was deleted."""
     root = artifacts / SETS_DIR
-    found = [p.name for p in root.iterdir() if p.is_dir() and SET_NAME.fullmatch(p.name)] if root.is_dir() else []
+    if not root.is_dir():
+        return None
+    found = [p.name for p in root.iterdir() if p.is_dir() and SET_NAME.fullmatch(p.name)]
     return [DEFAULT_SET, *sorted(n for n in found if n != DEFAULT_SET)]
 
 
-def remove_set_dir(artifacts: Path, name: str) -> None:
-    """Renames the set's directory away (one step: no replica sees half a set), then removes it."""
+def on_volume(artifacts: Path, name: str) -> bool:
+    return name == DEFAULT_SET or set_dir(artifacts, name).is_dir()
+
+
+def move_set_dir_away(artifacts: Path, name: str) -> Path | None:
+    """Renames the set's directory away, in one step: no replica sees half a set. Returns where it went
+    (`remove_moved` removes it), or None if there was none."""
     directory = set_dir(artifacts, name)
     if not directory.is_dir():
-        return
+        return None
     gone = directory.with_name(f"{DELETED_PREFIX}{name}-{uuid.uuid4().hex[:8]}")
     directory.rename(gone)
-    shutil.rmtree(gone, ignore_errors=True)
+    return gone
+
+
+def remove_moved(gone: Path | None) -> None:
+    if gone is not None:
+        shutil.rmtree(gone, ignore_errors=True)
 
 
 @dataclass
