@@ -9,6 +9,13 @@ the inverted file with a bitmap FAISS tests as it goes (`ann.search`).
 Stored queries are admitted by the reply they are paired with. Tags and
 languages are the records' own (`core.records.Candidate`); ids are the ones
 `/reply` returns.
+
+Only a rule's tags and language compile (`Filter.compiled`): they are what
+a request shares with other clients' requests. Its `exclude_ids` are
+dropped after the search, as the session's recent replies are
+(`retriever.Avoid`): up to 256 ids made up afresh on every request would
+otherwise compile and copy a selection each time, and push every other
+client's filters out of the few kept.
 """
 
 from __future__ import annotations
@@ -36,6 +43,12 @@ class Filter:
 
     def __bool__(self) -> bool:
         return bool(self.tags_any or self.tags_all or self.tags_none or self.language or self.exclude_ids)
+
+    @property
+    def compiled(self) -> Filter | None:
+        """What compiles into admitted rows: the tags and the language, without the ids; None if nothing."""
+        base = Filter(self.tags_any, self.tags_all, self.tags_none, self.language)
+        return base if base else None
 
     @property
     def selects_tags(self) -> bool:
@@ -90,9 +103,13 @@ class Admitted:
         return self.replies if side == "replies" else self.queries
 
 
-def admitted(index: IndexVersion, rule: Filter) -> Admitted:
-    """The rows `rule` admits in `index`, computed once per version and filter."""
-    return index.memo.get(("filter", rule), lambda: _compile(index, rule))  # type: ignore[no-any-return]
+def admitted(index: IndexVersion, rule: Filter) -> Admitted | None:
+    """The rows `rule`'s tags and language admit in `index`, computed once per version and filter;
+    None when it has neither (its ids, if any, are dropped after the search)."""
+    base = rule.compiled
+    if base is None:
+        return None
+    return index.memo.get(("filter", base), lambda: _compile(index, base))  # type: ignore[no-any-return]
 
 
 def _compile(index: IndexVersion, rule: Filter) -> Admitted:
@@ -114,9 +131,6 @@ def _compile(index: IndexVersion, rule: Filter) -> Admitted:
         keep = np.zeros(total, dtype=bool)
         keep[index.reply_language_rows.get(rule.language, empty)] = True
         mask &= keep
-    if rule.exclude_ids:
-        rows = reply_rows_by_id(index)
-        mask[[rows[i] for i in rule.exclude_ids if i in rows]] = False
     return Admitted(rule, Selection(mask), Selection(mask[index.query_reply_rows]))
 
 
@@ -130,11 +144,6 @@ def exact_subset(index: IndexVersion, only: Admitted, side: Side) -> ann.Subset 
     whole = index.reply_index if side == "replies" else index.query_index
     build = lambda: ann.subset(whole, np.flatnonzero(selection.mask))  # noqa: E731
     return index.subsets.get((only.rule, side), build)  # type: ignore[no-any-return]
-
-
-def reply_rows_by_id(index: IndexVersion) -> dict[str, int]:
-    """id -> reply row, for `exclude_ids`: built on the first request that excludes by id."""
-    return index.memo.get("rows-by-id", lambda: {id: row for row, id in enumerate(index.reply_ids)})  # type: ignore[no-any-return]
 
 
 def search(
@@ -164,5 +173,6 @@ def warm(index: IndexVersion, like: IndexVersion) -> int:
     for rule in recent:
         only = admitted(index, rule)
         for side in ("replies", "queries"):
-            exact_subset(index, only, side)
+            if only is not None:
+                exact_subset(index, only, side)
     return len(recent)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Literal
@@ -136,20 +136,24 @@ def _search(
 @dataclass(frozen=True)
 class Avoid:
     """What no candidate may be: a reply excluded by its normalised text (the
-    bot's recent replies in a session), or a near copy of a turn of the
-    conversation (the user's own words said back)."""
+    bot's recent replies in a session) or by its id (a request's `exclude_ids`),
+    or a near copy of a turn of the conversation (the user's own words said
+    back). Dropped after the search, which fetches `len(avoid)` hits deeper."""
 
     texts: frozenset[str] = frozenset()
     turns: tuple[Signature, ...] = ()
+    ids: frozenset[str] = frozenset()
 
     @classmethod
-    def of(cls, turns: list[str], excluded: set[str] | None = None) -> Avoid:
-        return cls(frozenset(excluded or ()), tuple(Signature.of(t) for t in turns))
+    def of(cls, turns: list[str], excluded: set[str] | None = None, ids: frozenset[str] = frozenset()) -> Avoid:
+        return cls(frozenset(excluded or ()), tuple(Signature.of(t) for t in turns), ids)
 
     def __len__(self) -> int:
-        return len(self.texts) + len(self.turns)
+        return len(self.texts) + len(self.turns) + len(self.ids)
 
-    def blocks(self, text: str) -> bool:
+    def blocks(self, text: str, id: str = "") -> bool:
+        if id in self.ids:
+            return True
         normalized = normalize(text)
         return normalized in self.texts or echoes(normalized, self.turns, normalized=True)
 
@@ -159,7 +163,7 @@ def distinct(hits: list[Scored], k: int, avoid: Avoid) -> list[Scored]:
     seen: set[int] = set()
     out = []
     for hit in hits:
-        if hit.reply_row in seen or avoid.blocks(hit.text):
+        if hit.reply_row in seen or avoid.blocks(hit.text, hit.id):
             continue
         seen.add(hit.reply_row)
         out.append(hit)
@@ -317,8 +321,7 @@ def reaction(
         ]
     else:
         return []
-    excluded = rule.exclude_ids if rule else frozenset()
-    return list(itertools.islice((h for h in hits if h.id not in excluded and not avoid.blocks(h.text)), k))
+    return list(itertools.islice((h for h in hits if not avoid.blocks(h.text, h.id)), k))
 
 
 @dataclass(frozen=True)
@@ -361,22 +364,24 @@ def walk(serving: Serving, request: WalkRequest) -> Answer | None:
     """
     k, allowed, thresholds = request.k, request.allowed, request.thresholds
     rule = request.rule or None  # an empty filter admits everything: no selector at all
+    # Tags and language select rows in the search; excluded ids are dropped after it (core/filters.py).
     only = admitted(serving.index, rule) if rule else None
+    avoid = replace(request.avoid, ids=request.avoid.ids | rule.exclude_ids) if rule else request.avoid
     can_react = "reaction" in allowed and serving.reactions_apply(request.window, rule)
     script = script_of(request.window)
     query_hits: Callable[[], list[Scored]] | None = None  # the fallback's: rarely needed, so searched only then
     if "query_similarity" in allowed and request.query_vector is not None:
         query_hits = partial(
-            _query_hits, serving, request.query_vector, k, request.avoid, request.window[-1], script, request.laps, only
+            _query_hits, serving, request.query_vector, k, avoid, request.window[-1], script, request.laps, only
         )
         # It answers only on a near copy of a stored query (6-7% of test turns), which the narrowest
         # search finds when there is one; only then do its hits need the full search. The hits come
         # best first, so the first under the threshold ends the look: no hit after it could answer.
         at_least = thresholds.query_similarity
         looked = query_hits(narrow=True, at_least=at_least)
-        best = next((h for h in looked if h.score < at_least or not request.avoid.blocks(h.text)), None)
+        best = next((h for h in looked if h.score < at_least or not avoid.blocks(h.text, h.id)), None)
         if best is not None and best.score >= at_least:
-            hits = distinct(query_hits(), k, request.avoid)
+            hits = distinct(query_hits(), k, avoid)
             if hits and hits[0].score >= at_least:
                 return Answer(hits[0], hits)
     matched: list[Scored] = []
@@ -384,7 +389,7 @@ def walk(serving: Serving, request: WalkRequest) -> Answer | None:
     vector = request.context_vector
     if "reply_matching" in allowed and vector is not None:
         matched = reply_matching(
-            serving, vector, k, request.avoid, request.poly_vectors, request.rerank_depth, script, request.laps, only
+            serving, vector, k, avoid, request.poly_vectors, request.rerank_depth, script, request.laps, only
         )
         if matched:
             threshold = thresholds.reply_matching
@@ -401,14 +406,14 @@ def walk(serving: Serving, request: WalkRequest) -> Answer | None:
                 return Answer(matched[0], matched[:k], reranked, confidence)
     if can_react and vector is not None:
         with lap(request.laps, "reactions"):
-            reactions = reaction(serving, vector, k, request.avoid, request.window, rule)
+            reactions = reaction(serving, vector, k, avoid, request.window, rule)
         if reactions:
             # The retrieved replies it passed over are the alternatives worth showing.
             shown = [reactions[0], *matched][:k] if matched else reactions
             return Answer(reactions[0], shown, False, confidence)
     if matched:
         return Answer(matched[0], matched[:k], request.poly_vectors is not None, confidence)
-    fallback = distinct(query_hits(), k, request.avoid) if query_hits else []
+    fallback = distinct(query_hits(), k, avoid) if query_hits else []
     return Answer(fallback[0], fallback) if fallback else None
 
 

@@ -175,7 +175,7 @@ class IndexVersion:
     memo: Memo = field(default_factory=Memo, repr=False)
     # Filters' admitted rows copied into flat indexes (`filters.exact_subset`): at most
     # SUBSETS_KEPT × 2 sides × 20k rows × 384 bytes, 62 MB, a version.
-    subsets: Memo = field(default_factory=lambda: Memo(SUBSETS_KEPT), repr=False)
+    subsets: Memo = field(default_factory=lambda: Memo(2 * SUBSETS_KEPT), repr=False)  # both sides of each
 
     @property
     def version(self) -> str:

@@ -268,3 +268,35 @@ async def test_a_reindex_readies_the_filters_the_set_was_serving(tagged: httpx.A
     assert ("filter", Filter(tags_any=frozenset({"kids"}))) in kept
     assert ("filter", Filter(tags_none=frozenset({"mature"}))) in kept
     assert (Filter(tags_any=frozenset({"kids"})), "replies") in fresh.subsets.kept()
+
+
+@pytest.mark.anyio
+async def test_fresh_exclude_ids_compile_no_filter_and_evict_no_copy(tagged: httpx.AsyncClient) -> None:
+    """#49, item 2: exclude_ids made up afresh on every request used to compile a filter and copy its rows
+    each time, pushing other clients' copies out. They are dropped after the search now; the k asked for
+    still come back."""
+    from core.filters import Filter
+
+    kids = {"tags_any": ["kids"]}
+    assert (await ask(tagged, "hi! how are you?", filter=kids)).status_code == 200
+    index = tagged._transport.app.state.runtime.current().index  # type: ignore[attr-defined]
+    compiled, copies = index.memo.kept(), index.subsets.kept()
+    for i in range(10):
+        made_up = [f"no-such-id-{i}-{j}" for j in range(200)]
+        for rule in (kids, None):
+            body = {"exclude_ids": [*made_up, "kid-1"], **({"filter": rule} if rule else {})}
+            response = await ask(tagged, "hi! how are you?", strategies=["reply_matching"], **body)
+            assert response.status_code == 200, response.text
+            ids = {c["id"] for c in response.json()["candidates"]}
+            assert "kid-1" not in ids
+            if rule:
+                assert ids == {"kid-2"}  # every admitted reply but the excluded one (ko-1: another script)
+    assert index.memo.kept() == compiled and index.subsets.kept() == copies
+    assert (Filter(tags_any=frozenset({"kids"})), "replies") in index.subsets.kept()
+
+
+def test_the_copies_kept_are_both_sides_of_the_last_filters() -> None:
+    """#49, item 2: SUBSETS_KEPT is filters; each has a copy per side, so twice as many copies are kept."""
+    from core.store import SUBSETS_KEPT, IndexVersion
+
+    assert IndexVersion.__dataclass_fields__["subsets"].default_factory().capacity == 2 * SUBSETS_KEPT  # type: ignore[misc]
