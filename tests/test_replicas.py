@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from app.engine.runtime import Runtime, build_runtime
-from core.store import REPLY_INDEX, BadVersion, IndexStore
+from core.store import REPLY_INDEX, TABLES, BadVersion, IndexStore
 from tests.helpers import settings_for
 
 LATER = "v20990101T000000000000-abcdef"
@@ -114,3 +114,53 @@ async def test_a_listing_from_before_a_delete_does_not_bring_the_set_back(
     monkeypatch.setattr(replicas, "names_on_volume", lambda artifacts: stale)
     await replicas.Follower(runtime, poll_s=60).follow()
     assert "deleted" not in runtime.sets
+
+
+def _named_set_copy(runtime: Runtime, name: str) -> IndexStore:
+    """Set `name` on the volume, its pointer naming a copy of the default set's version."""
+    from app.engine.sets import set_dir
+
+    store = IndexStore(set_dir(runtime.settings.artifacts_dir, name) / "indexes")
+    version = runtime.current().index_version
+    shutil.copytree(runtime.default.store.path(version), store.path(version))
+    store.set_current(version)
+    return store
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda d: (d / REPLY_INDEX).write_bytes(b"not a faiss index"),  # RuntimeError from faiss
+        lambda d: (d / TABLES).write_bytes((d / TABLES).read_bytes()[:40]),  # a cut gzip: EOFError
+    ],
+)
+def test_one_unreadable_version_fails_its_set_alone_at_startup(artifacts: Path, tmp_path: Path, damage: object) -> None:
+    """#49, item 3: a corrupt version used to stop startup, the default set included."""
+    copy = tmp_path / "artifacts"
+    shutil.copytree(artifacts, copy)
+    runtime = build_runtime(settings_for(copy))
+    broken = _named_set_copy(runtime, "broken")
+    damage(broken.path(broken.current() or ""))  # type: ignore[operator]
+    restarted = build_runtime(settings_for(copy))
+    assert restarted.current().index_version  # the default set serves
+    assert restarted.sets["broken"].serving is None and restarted.sets["broken"].problem
+
+
+@pytest.mark.anyio
+async def test_the_follower_passes_a_bad_set_and_tries_it_again(runtime: Runtime) -> None:
+    """#49, item 3: a set whose version cannot be read stalled every set after it, and was never retried."""
+    from app.engine import replicas
+
+    bad, good = _named_set_copy(runtime, "aaa-bad"), _named_set_copy(runtime, "zzz-good")
+    version = bad.current() or ""
+    (bad.path(version) / REPLY_INDEX).rename(bad.path(version) / "reply.moved")  # a transient read error
+    follower = replicas.Follower(runtime, poll_s=60)
+    await follower.follow()
+    assert runtime.sets["zzz-good"].serving is not None  # listed after the bad one, still followed
+    assert runtime.sets["aaa-bad"].serving is None
+    (bad.path(version) / "reply.moved").rename(bad.path(version) / REPLY_INDEX)  # the volume recovers
+    await follower.follow()
+    assert runtime.sets["aaa-bad"].serving is None  # not every poll: it waits before trying again
+    follower._refused = {k: (0.0, wait) for k, (_, wait) in follower._refused.items()}  # the wait is over
+    await follower.follow()
+    assert runtime.sets["aaa-bad"].serving is not None and good.current() is not None

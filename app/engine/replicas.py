@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import socket
+import time
 import uuid
 
 import anyio.to_thread
@@ -53,6 +54,10 @@ class Publisher:
         self.client.publish(CHANNEL, json.dumps(message))
 
 
+REFUSED_FIRST_WAIT_S = 15.0
+REFUSED_MAX_WAIT_S = 600.0
+
+
 class Follower:
     """Keeps this replica on every set's pointer, and its sets those on the volume."""
 
@@ -60,8 +65,11 @@ class Follower:
         self.runtime = runtime
         self.poll_s = poll_s
         self.wake = asyncio.Event()
-        # (set, version) that failed to load: logged once, not retried each poll
-        self._refused: set[tuple[str, str]] = set()
+        # (set, version) that failed to load -> (monotonic time of its next try, seconds to wait after
+        # that): tried again with a doubling wait, so a transient read error (EIO, a half-synced volume)
+        # does not leave this replica on an old version for good, and a bad version is not reloaded
+        # every poll.
+        self._refused: dict[tuple[str, str], tuple[float, float]] = {}
 
     async def run(self) -> None:
         while True:
@@ -87,22 +95,35 @@ class Follower:
             log.info("set %s: deleted on the volume; no longer served", gone)
         swapped = False
         for name in listed:
-            # Added only if still there: a delete since the listing must not be undone until the next poll.
-            candidates = await anyio.to_thread.run_sync(runtime.add_set_on_volume, name)
-            if candidates is not None:
-                swapped |= await self._follow_set(candidates)
+            try:
+                # Added only if still there: a delete since the listing must not be undone until the next poll.
+                candidates = await anyio.to_thread.run_sync(runtime.add_set_on_volume, name)
+                if candidates is not None:
+                    swapped |= await self._follow_set(candidates)
+            except Exception:  # one set's volume error (its pointer unreadable) must not stall the sets after it
+                log.exception("set %s: following its pointer failed; the other sets go on", name)
         return swapped
 
     async def _follow_set(self, candidates: CandidateSet) -> bool:
         version = await anyio.to_thread.run_sync(candidates.behind)
-        if version is None or (candidates.name, version) in self._refused:
+        key = (candidates.name, version or "")
+        if version is None or time.monotonic() < self._refused.get(key, (0.0, 0.0))[0]:
             return False
         try:
             fresh = await anyio.to_thread.run_sync(self.runtime.serve_version, candidates, version)
-        except (OSError, ValueError, KeyError) as error:
-            self._refused.add((candidates.name, version))
-            log.error("set %s: cannot serve index %s, which the pointer names: %s", candidates.name, version, error)
+        except Exception as error:  # any unreadable version (a corrupt .faiss is a RuntimeError): this set only
+            wait = min(REFUSED_MAX_WAIT_S, self._refused.get(key, (0.0, REFUSED_FIRST_WAIT_S / 2))[1] * 2)
+            self._refused[key] = (time.monotonic() + wait, wait)
+            log.error(
+                "set %s: cannot serve index %s, which the pointer names (trying again in %.0f s): %s: %s",
+                candidates.name,
+                version,
+                wait,
+                type(error).__name__,
+                error,
+            )
             return False
+        self._refused.pop(key, None)
         # Loading took seconds: if the pointer moved meanwhile, the next look loads that one instead.
         return await anyio.to_thread.run_sync(candidates.swap_if_pointed, fresh, "the pointer moved")
 

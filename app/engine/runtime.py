@@ -342,7 +342,7 @@ def build_runtime(settings: Settings) -> Runtime:
     for name in names_on_volume(settings.artifacts_dir) or [DEFAULT_SET]:
         try:
             runtime.load_set(name)
-        except (FileNotFoundError, ValueError) as error:
-            runtime.add_set(name).problem = str(error)
-            log.error("set %s: not ready: %s", name, error)
+        except Exception as error:  # an unreadable version (a corrupt .faiss, a cut gzip) fails its set alone
+            runtime.add_set(name).problem = f"{type(error).__name__}: {error}"
+            log.error("set %s: not ready: %s: %s", name, type(error).__name__, error)
     return runtime
