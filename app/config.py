@@ -136,6 +136,8 @@ class Settings(BaseSettings):
     admin_token: SecretStr | None = None
     # Candidate uploads: ~100 bytes a record, so 32 MiB holds the 200k-record limit.
     admin_max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    # Admin requests with a body being read at once (each up to admin_max_body_bytes); past it, 429.
+    admin_max_bodies_in_flight: int = Field(default=2, ge=1, le=64)
     admin_max_records: int = Field(default=200_000, ge=1)
     # Candidate sets (the default one included) and their candidates together. The chitchat set of
     # 96k replies holds 125 MB of FAISS indexes in every replica, so the limits bound its memory.

@@ -1,5 +1,6 @@
-"""Limits enforced before a request's body is parsed: its size, and how many
-requests are in flight.
+"""Limits enforced before a request's body is parsed: its size, how many
+requests are in flight, and, on admin routes, the token and how many admin
+bodies are being read at once.
 
 Pure ASGI, so they cost a refused request almost nothing, and the size limit
 sees chunked uploads too: a missing or false Content-Length cannot smuggle a
@@ -12,8 +13,10 @@ import json
 import re
 from dataclasses import dataclass
 
+from pydantic import SecretStr
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.auth import admin_refusal
 from app.errors import STATUS, ApiError, ErrorKind, error_body
 
 
@@ -123,3 +126,40 @@ class BodySizeLimit:
             return {"type": "http.request", "body": body, "more_body": False}
 
         await self.app(scope, replay, send)
+
+
+class AdminGate:
+    """On admin routes that carry a body: the token first, then at most `max_bodies` bodies in flight,
+    both before a byte of the body is read. Without it, an unauthenticated upload was read whole (up
+    to 32 MiB) before its 401, and nothing bounded how many were read at once. A refused body is not
+    read: the connection closes after the answer."""
+
+    def __init__(self, app: ASGIApp, token: SecretStr | None, max_bodies: int) -> None:
+        self.app = app
+        self.token = token
+        self.max_bodies = max_bodies
+        self.in_flight = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS") or not _admin(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        close = [(b"connection", b"close")]
+        authorization = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+        refusal = admin_refusal(self.token, authorization)
+        if refusal is not None:
+            await _send_error(send, refusal, [(b"www-authenticate", b"Bearer"), *close])
+            return
+        if self.in_flight >= self.max_bodies:
+            busy = ApiError(ErrorKind.overloaded, f"{self.in_flight} admin requests already in flight; retry shortly")
+            await _send_error(send, busy, [(b"retry-after", b"1"), *close])
+            return
+        self.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1
+
+
+def _admin(path: str) -> bool:
+    return path == "/admin" or path.startswith("/admin/")

@@ -19,7 +19,7 @@ from app.admin import build_admin
 from app.config import Settings, get_settings
 from app.engine import replicas
 from app.engine.runtime import build_runtime
-from app.limits import Admission, AdmissionLimit, BodySizeLimit
+from app.limits import AdminGate, Admission, AdmissionLimit, BodySizeLimit
 from app.metrics import Metrics
 from app.routes import admin, demo, health, metrics, reply, similar
 
@@ -80,6 +80,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         bulk_bytes=settings.admin_max_body_bytes,
         bulk_paths=UPLOAD_PATHS,
     )
+    # Outside the size limit, which reads the body: an admin body is read only with the token, a few at a time.
+    app.add_middleware(AdminGate, token=settings.admin_token, max_bodies=settings.admin_max_bodies_in_flight)
     app.add_middleware(
         AdmissionLimit, admission=app.state.admission, paths=ENCODER_ROUTES, max_drain_bytes=settings.max_body_bytes
     )

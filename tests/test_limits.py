@@ -204,3 +204,51 @@ async def test_a_refused_request_is_drained_no_further_than_the_body_limit() -> 
         refused = await client.post("/reply", content=upload())
     assert refused.status_code == 429 and refused.headers["connection"] == "close"
     assert sent <= (1 << 20) // 65536 + 2
+
+
+async def test_an_admin_body_is_read_only_with_the_token_and_a_few_at_a_time() -> None:
+    """#49, item 1: an unauthenticated 32 MiB upload was read whole before its 401, and nothing bounded
+    how many were read at once. The gate answers before the first chunk is pulled."""
+    from pydantic import SecretStr
+
+    from app.limits import AdminGate
+
+    release = asyncio.Event()
+    reached = 0
+
+    async def slow(scope: Any, receive: Any, send: Any) -> None:
+        nonlocal reached
+        while (await receive()).get("more_body"):
+            pass
+        if scope["method"] == "POST":
+            reached += 1
+            await release.wait()
+        await send({"type": "http.response.start", "status": 202, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    pulled = 0
+
+    async def upload() -> AsyncIterator[bytes]:
+        nonlocal pulled
+        for _ in range(512):  # 32 MiB in 64 kB chunks
+            pulled += 1
+            yield b"x" * 65536
+
+    gate = AdminGate(slow, SecretStr("s3cret"), max_bodies=2)
+    good = {"authorization": "Bearer s3cret"}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=gate), base_url="http://test") as client:
+        for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "Basic s3cret"}):
+            refused = await client.post("/admin/sets/x/candidates", content=upload(), headers=headers)
+            assert refused.status_code == 401 and refused.json()["error"]["field"] == "authorization"
+        assert pulled <= 3  # at most the chunk httpx pulls before the app runs, never the body
+        held = [asyncio.create_task(client.post("/admin/candidates", content=b"[]", headers=good)) for _ in range(2)]
+        await asyncio.wait_for(until(lambda: reached == 2), timeout=10)
+        busy = await client.post("/admin/candidates", content=b"[]", headers=good)
+        assert busy.status_code == 429 and busy.headers["retry-after"] == "1"
+        assert (await client.get("/admin/sets", headers=good)).status_code == 202  # no body: not counted
+        release.set()
+        assert [r.status_code for r in await asyncio.gather(*held)] == [202, 202]
+        disabled = AdminGate(slow, None, max_bodies=2)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=disabled), base_url="http://t") as off:
+            answer = await off.post("/admin/candidates", content=b"[]", headers=good)
+            assert answer.status_code == 401 and "disabled" in answer.json()["error"]["message"]

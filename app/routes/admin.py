@@ -4,7 +4,6 @@ for named sets (`/admin/sets/{name}/...`). Every route needs the bearer token.""
 
 from __future__ import annotations
 
-import hmac
 from dataclasses import asdict
 from typing import Annotated, Any, Literal
 
@@ -14,6 +13,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app import logs
 from app.admin import Admin, SetAdmin
+from app.auth import admin_refusal
 from app.config import Settings
 from app.deps import RuntimeDep, SettingsDep
 from app.engine import describe
@@ -35,14 +35,11 @@ bearer = HTTPBearer(auto_error=False, description="CHITCHAT_ADMIN_TOKEN")
 async def require_admin(  # async: a plain def would cost a thread hand-off (app/deps.py)
     request: Request,
     settings: SettingsDep,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    _: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],  # for the OpenAPI security scheme
 ) -> Admin:
-    token = settings.admin_token.get_secret_value() if settings.admin_token else ""
-    if not token:
-        raise ApiError(ErrorKind.unauthorized, "admin is disabled: set CHITCHAT_ADMIN_TOKEN", "authorization")
-    given = credentials.credentials if credentials is not None else ""
-    if not hmac.compare_digest(given.encode(), token.encode()):  # constant time: no length or prefix leaks
-        raise ApiError(ErrorKind.unauthorized, "a valid bearer token is required", "authorization")
+    refusal = admin_refusal(settings.admin_token, request.headers.get("authorization"))
+    if refusal is not None:
+        raise refusal
     admin: Admin = request.app.state.admin
     return admin
 
