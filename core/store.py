@@ -45,6 +45,11 @@ from core.text import normalize
 
 MANIFEST = "manifest.json"
 POINTER = "CURRENT"
+# The versions the pointer has named, oldest first, one a line: what a rollback returns to is what
+# served before, not the version before by name (a rollback, an upload, a rollback would otherwise
+# serve the version rolled back from).
+HISTORY = "HISTORY"
+MAX_HISTORY = 64
 STAGING_PREFIX = ".staging-"
 REPLY_INDEX = "replies.faiss"
 QUERY_INDEX = "queries.faiss"
@@ -225,11 +230,40 @@ class IndexStore:
             return None
         return version if (self.path(version) / MANIFEST).is_file() else None
 
-    def set_current(self, version: str) -> None:
+    def set_current(self, version: str, rollback: bool = False) -> None:
+        """Points at `version`, and records it in the history; `rollback`: a return to `version`, which
+        takes what came after it off the history instead (an undo, not a new step)."""
         if not (self.path(version) / MANIFEST).is_file():
             raise FileNotFoundError(f"no committed index version {version!r}")
-        # Two threads (a reindex, a rollback) may set it at once: each writes a temporary file of its own.
+        history = self.history()
+        if rollback and version in history:
+            history = history[: len(history) - history[::-1].index(version)]
+        elif not history or history[-1] != version:
+            history.append(version)
+        # The history first: if the pointer's write then fails, the entry after the pointer's is ignored.
+        # Two threads (a reindex, a rollback) may write at once: each writes a temporary file of its own.
+        write_atomic(self.root / HISTORY, "\n".join(history[-MAX_HISTORY:]) + "\n", sync_dir=True)
         write_atomic(self.root / POINTER, version + "\n", sync_dir=True)
+
+    def history(self) -> list[str]:
+        """The versions the pointer has named, oldest first (empty for a store older than the history)."""
+        try:
+            lines = (self.root / HISTORY).read_text().split()
+        except FileNotFoundError:
+            return []
+        return [v for v in lines if VERSION_NAME.fullmatch(v)]
+
+    def served_before(self, version: str, usable: Callable[[str], bool] = lambda v: True) -> str | None:
+        """The version the pointer named before `version` last came in, if it is still there and
+        `usable`; None if the history does not say."""
+        history = self.history()
+        if version not in history:
+            return None
+        last = len(history) - 1 - history[::-1].index(version)
+        for earlier in reversed(history[:last]):
+            if earlier != version and (self.path(earlier) / MANIFEST).is_file() and usable(earlier):
+                return earlier
+        return None
 
     def latest_for(self, bundle_checksum: str) -> str | None:
         """The current version if it matches the bundle, else the newest that does."""

@@ -203,6 +203,21 @@ async def test_a_second_reindex_while_one_runs_is_409(
         assert (await client.post("/admin/rollback", headers=AUTH)).status_code == 409
 
 
+async def test_a_rollback_after_an_upload_serves_what_served_before_it(admin_client: httpx.AsyncClient) -> None:
+    """#49, item 5: roll back v3 -> v2, upload (v4), roll back again: v2 serves, what served before v4,
+    not v3 (the version before v4 by name), the very version the operator rolled back from."""
+    await upload(admin_client, [{"reply": "two", "id": "two"}])
+    v2 = await version_of(admin_client)
+    v3 = (await upload(admin_client, [{"reply": "three", "id": "three"}]))["version"]
+    first = (await admin_client.post("/admin/rollback", headers=AUTH)).json()
+    assert (first["from"], first["to"]) == (v3, v2)
+    v4 = (await upload(admin_client, [{"reply": "four", "id": "four"}]))["version"]
+    second = (await admin_client.post("/admin/rollback", headers=AUTH)).json()
+    assert (second["from"], second["to"]) == (v4, v2) and await version_of(admin_client) == v2
+    index = (await admin_client.get("/admin/index", headers=AUTH)).json()
+    assert index["current"] == v2 and index["previous"] != v3
+
+
 async def test_rollback_serves_the_previous_version(admin_client: httpx.AsyncClient) -> None:
     first = await version_of(admin_client)
     job = await upload(admin_client, [{"reply": "new!", "query": "what's new?"}])

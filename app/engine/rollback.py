@@ -23,7 +23,8 @@ def rollback(reindexer: Reindexer) -> tuple[str, str, dict[str, str]]:
         # The pointer, not this replica's own copy: a replica that has not caught up
         # would otherwise roll back from the wrong version.
         current = target.store.current() or target.current().index_version
-        # Within the set's encoder: a version of another is never what "before" means.
+        # What served before it, by the pointer's history, within the set's encoder: a version of
+        # another is never what "before" means.
         built_with = target.store.manifest(current).bundle_checksum
         earlier = previous_version(target.store, built_with, current)
         if earlier is None:
@@ -33,7 +34,7 @@ def rollback(reindexer: Reindexer) -> tuple[str, str, dict[str, str]]:
             raise RuntimeError("lost the reindex lock before the swap; nothing changed")
         # The store goes back with the index: the next upload builds on what is served.
         reindexer.candidates.replace(target.store.records(earlier))
-        target.point_to(fresh, "rollback")
+        target.point_to(fresh, "rollback", rollback=True)
         return current, earlier, reindexer.after_swap(earlier)
     finally:
         holding.release()

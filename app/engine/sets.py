@@ -120,10 +120,11 @@ class CandidateSet:
             raise NotReady(self.problem or f"set {self.name!r}: still loading")
         return serving
 
-    def point_to(self, serving: Serving, why: str) -> None:
-        """Makes `serving`'s version the one every replica serves (the pointer file), and serves it here."""
+    def point_to(self, serving: Serving, why: str, rollback: bool = False) -> None:
+        """Makes `serving`'s version the one every replica serves (the pointer file), and serves it here.
+        `rollback`: a return to what served before (the pointer's history is unwound, not extended)."""
         with self.swap_lock:
-            self.store.set_current(serving.index_version)
+            self.store.set_current(serving.index_version, rollback=rollback)
             self.swap(serving, why)
 
     def behind(self) -> str | None:
