@@ -242,6 +242,11 @@ def main() -> None:
         help="candidates in the index the reindexing scenarios (3, 4, 8, 15) serve; 0: the full index (default 10000)",
     )
     parser.add_argument("--soak-minutes", type=float, help="scenario 15's length (default 3; 1 with --quick)")
+    parser.add_argument(
+        "--correctness-only",
+        action="store_true",
+        help="a missed latency bar is reported, not failed (CI, on a shared machine): correctness still gates",
+    )
     parser.add_argument("--out", type=Path, default=Path("reports"))
     parser.add_argument(
         "--encoders-dir",
@@ -282,6 +287,7 @@ def main() -> None:
             Path(work), full[0] if full else None, sample[0] if sample else None, manifest.checksum, durations, labels
         )
         ctx.encoders_dir = args.encoders_dir.resolve() if args.encoders_dir else None
+        ctx.latency_bars = not args.correctness_only
         try:
             for number in chosen:
                 name, bar, run = SCENARIOS[number]

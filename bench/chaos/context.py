@@ -86,7 +86,14 @@ class Context:
     # Where scenario 22's services find the encoders a set may name (CHITCHAT_ENCODERS_DIR): the
     # services never inherit the suite's own CHITCHAT_ variables. None: the service's default.
     encoders_dir: Path | None = None
+    # Whether a missed latency bar fails a scenario. `--correctness-only` (CI, on a machine it shares)
+    # turns that off: 5xx, lost, foreign or out-of-order turns and wrong versions still fail, and each
+    # row says whether its latency bars were met, beside the figures.
+    latency_bars: bool = True
     _shared: tuple[RedisServer, Service] | None = None
+
+    def verdict(self, correct: bool, timely: bool) -> bool:
+        return correct and (timely or not self.latency_bars)
 
     def source(self, sampled: bool | None = None) -> tuple[Path, str]:
         """The artifacts dir a service gets, and its label; the sample when asked for or when it is all there is."""

@@ -44,16 +44,15 @@ def redis_killed(ctx: Context) -> dict[str, Any]:
         )
     figures = summary(results)
     figures.update(recovered_after_restart_s=round(recovered_s, 2), sessions_after_recovery=sessions)
-    passed = (
+    correct = (
         figures["status_5xx"] == 0
         and figures["share_200"] >= 0.99
-        and figures["p99_ms"] < 300
-        and recovered_s <= 5
         and sessions["lost_turns"] == 0
         and sessions["trimmed_unchecked"] == 0
         and sessions["turns_checked"] > 0
     )
-    return {**figures, "pass": passed}
+    timely = figures["p99_ms"] < 300 and recovered_s <= 5
+    return {**figures, "latency_bars_met": timely, "pass": ctx.verdict(correct, timely)}
 
 
 def redis_frozen(ctx: Context) -> dict[str, Any]:

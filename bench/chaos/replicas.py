@@ -94,14 +94,11 @@ def replica_starts_mid_reindex(ctx: Context) -> dict[str, Any]:
         "converged_s_after_swap": after_swap,
         "staging_left": len(staging),
     }
-    passed = (
-        done["state"] == "succeeded"
-        and ready_while_running
-        and figures["all_on_new_version"]
-        and after_swap is not None
-        and after_swap <= CONVERGE_BAR_S
-    )
-    return {**figures, "pass": passed}
+    # Converged at all (within the wait) is correctness; within CONVERGE_BAR_S, speed.
+    correct = done["state"] == "succeeded" and ready_while_running and figures["all_on_new_version"]
+    correct = correct and after_swap is not None
+    timely = after_swap is not None and after_swap <= CONVERGE_BAR_S
+    return {**figures, "latency_bars_met": timely, "pass": ctx.verdict(correct, timely)}
 
 
 def redis_paused_at_publish(ctx: Context) -> dict[str, Any]:
