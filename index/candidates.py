@@ -7,6 +7,7 @@ on the artifact volume. Both replace their whole content atomically (RENAME,
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -40,6 +41,11 @@ class CandidateStore(Protocol):
     def remove(self) -> None: ...  # the whole store, when its set is deleted
 
 
+# A staging hash's expiry, renewed with each chunk written: far longer than a write of the largest
+# set takes, short enough that a dead writer's leftovers go the same hour.
+STAGING_TTL_S = 3600
+
+
 class RedisCandidateStore:
     def __init__(self, client: redis.Redis, key: str = REDIS_KEY) -> None:
         self.client = client
@@ -60,23 +66,36 @@ class RedisCandidateStore:
         self.client.delete(self.key, self.written_key)
 
     def replace(self, candidates: Iterable[Candidate]) -> None:
-        """Written under a temporary key, then renamed over the live one."""
+        """Written under a temporary key, then renamed over the live one. The temporary key expires
+        (STAGING_TTL_S after its last chunk) and is deleted on a failed write: one left by a process
+        that died mid-write, tens of MB for a 97k set, never outlives it in a Redis that does not evict."""
         staging = f"{self.key}:staging:{uuid.uuid4().hex}"  # pids repeat across containers
-        self.client.delete(staging)
-        batch: dict[str, str] = {}
-        for c in candidates:
-            batch[c.key] = to_json(c)
-            if len(batch) >= CHUNK:
-                self.client.hset(staging, mapping=batch)  # type: ignore[arg-type]
-                batch = {}
-        if batch:
-            self.client.hset(staging, mapping=batch)  # type: ignore[arg-type]
+        try:
+            batch: dict[str, str] = {}
+            for c in candidates:
+                batch[c.key] = to_json(c)
+                if len(batch) >= CHUNK:
+                    self._stage(staging, batch)
+                    batch = {}
+            if batch:
+                self._stage(staging, batch)
+            with self.client.pipeline(transaction=True) as pipe:
+                if self.client.exists(staging):
+                    pipe.rename(staging, self.key)
+                    pipe.persist(self.key)  # RENAME carries the staging key's expiry over
+                else:
+                    pipe.delete(self.key)
+                pipe.set(self.written_key, 1)
+                pipe.execute()
+        except BaseException:
+            with contextlib.suppress(redis.RedisError):
+                self.client.delete(staging)
+            raise
+
+    def _stage(self, staging: str, batch: dict[str, str]) -> None:
         with self.client.pipeline(transaction=True) as pipe:
-            if self.client.exists(staging):
-                pipe.rename(staging, self.key)
-            else:
-                pipe.delete(self.key)
-            pipe.set(self.written_key, 1)
+            pipe.hset(staging, mapping=batch)  # type: ignore[arg-type]
+            pipe.expire(staging, STAGING_TTL_S)
             pipe.execute()
 
 

@@ -235,3 +235,30 @@ async def test_a_frozen_redis_costs_one_timeout_then_is_bypassed(
             private_redis.process.send_signal(signal.SIGCONT)
     finally:
         await store.close()
+
+
+def test_a_candidate_store_write_leaves_no_staging_hash_behind(clean_redis: redis.Redis) -> None:
+    """#49, item 8: staging hashes had no expiry and no cleanup, so a failed write or a dead process left
+    tens of MB for good in a Redis that never evicts."""
+    from core.records import Candidate
+    from index.candidates import CHUNK, STAGING_TTL_S, RedisCandidateStore
+
+    store = RedisCandidateStore(clean_redis, "set:t:candidates")
+    seen_ttls: list[int] = []
+
+    def records(fail: bool) -> Iterator[Candidate]:
+        for i in range(CHUNK * 2 + 5):
+            if i == CHUNK + 1:  # the first chunk is staged: its key must already expire
+                staging = [k for k in clean_redis.keys("set:t:candidates:staging:*")]
+                seen_ttls.extend(int(clean_redis.ttl(k)) for k in staging)
+                if fail:
+                    raise RuntimeError("the upload's source broke mid-write")
+            yield Candidate(reply=f"reply {i}")
+
+    store.replace(records(fail=False))
+    assert store.count() == CHUNK * 2 + 5 and clean_redis.ttl("set:t:candidates") == -1  # the live hash persists
+    assert seen_ttls and all(0 < t <= STAGING_TTL_S for t in seen_ttls)
+    with pytest.raises(RuntimeError):
+        store.replace(records(fail=True))
+    assert clean_redis.keys("set:t:candidates:staging:*") == []  # a failed write cleans up after itself
+    assert store.count() == CHUNK * 2 + 5  # and the live records are as they were
