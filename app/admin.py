@@ -143,16 +143,20 @@ class Admin:
         admin = self.of(name)
         holding = admin.reindexer.claim(f"delete-{name}@{self.origin}")
         try:
-            # The directory first: once it is gone no follower (here or elsewhere) can add the set back,
-            # and the other replicas drop it at their next look. Both under the lock the follower adds
-            # sets under, so its listing from before cannot add it back here. Requests in flight keep
-            # their snapshot.
+            # Its records and jobs first, while the set still exists: a Redis error here is a 503 and the
+            # retry finds the set (the directory first left a 404 on every retry, and records that a new
+            # set of the name then built on). Meanwhile it keeps serving; no job can run (the lock).
+            admin.candidates.remove()
+            admin.jobs.remove()
+            # Then the directory: once it is gone no follower (here or elsewhere) can add the set back,
+            # and the other replicas drop it at their next look. Under the lock the follower adds sets
+            # under, so its listing from before cannot add it back here. Requests in flight keep their
+            # snapshot.
             with self._guard, self.runtime.sets_lock:  # `of`'s order: the guard, then the runtime's lock
                 gone = move_set_dir_away(self.settings.artifacts_dir, name)
                 self.runtime.drop_set(name)
                 self.sets.pop(name, None)
             remove_moved(gone)
-            admin.candidates.remove()
         finally:
             holding.release()
 

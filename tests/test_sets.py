@@ -186,3 +186,33 @@ async def test_a_replica_finds_a_new_set_and_drops_a_deleted_one(
             await asyncio.sleep(0.05)
         assert (await replica_a.post("/reply", json={"context": ["잘 자"], "set": "korean"})).status_code == 404
         assert not clean_redis.exists("set:korean:candidates")
+
+
+async def test_a_delete_that_redis_fails_can_be_retried_and_leaves_nothing_behind(
+    make_client: AppFactory, own_artifacts: Path, clean_redis: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#49, item 7: the directory went first and the Redis hash after. A Redis error in between gave a
+    503, then a 404 on every retry, and the hash survived: re-creating the name with append built on
+    the deleted set's records. Its job keys were never deleted."""
+    from index.candidates import RedisCandidateStore
+
+    async with make_client(artifacts_dir=own_artifacts, admin_token=TOKEN, redis_url=REDIS_URL) as client:
+        await upload_to(client, "english", ENGLISH)
+        assert clean_redis.keys("set:english:job:*")
+        real_remove = RedisCandidateStore.remove
+        failures = iter([redis.ConnectionError("Redis went away")])
+
+        def flaky_remove(self: RedisCandidateStore) -> None:
+            failure = next(failures, None)
+            if failure is not None:
+                raise failure
+            real_remove(self)
+
+        monkeypatch.setattr(RedisCandidateStore, "remove", flaky_remove)
+        failed = await client.delete("/admin/sets/english", headers=AUTH)
+        assert failed.status_code == 503, failed.text
+        assert (await client.post("/reply", json={"context": ["hi"], "set": "english"})).status_code == 200
+        assert (await client.delete("/admin/sets/english", headers=AUTH)).json() == {"deleted": "english"}
+        assert clean_redis.keys("set:english:*") == []  # records, the written flag, jobs and their listing
+        job = await upload_to(client, "english", [{"reply": "a fresh start", "id": "new-1"}], mode="append")
+        assert job["counts"]["candidates_before"] == 0 and job["counts"]["candidates_after"] == 1

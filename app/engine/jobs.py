@@ -100,6 +100,7 @@ class JobStore(Protocol):
     def get(self, job_id: str) -> Job | None: ...
     def active(self) -> list[Job]: ...
     def recent(self, limit: int) -> list[Job]: ...  # newest first
+    def remove(self) -> None: ...  # every job of the set: it is being deleted
 
 
 class RedisJobStore:
@@ -121,6 +122,11 @@ class RedisJobStore:
             # Job records expire; their places in the listing go with them.
             pipe.zremrangebyscore(self.recent_key, "-inf", time.time() - JOB_TTL_S)
             pipe.execute()
+
+    def remove(self) -> None:
+        ids = [i.decode() if isinstance(i, bytes) else str(i) for i in self.client.zrange(self.recent_key, 0, -1)]
+        ids += [i.decode() if isinstance(i, bytes) else str(i) for i in self.client.smembers(self.active_key)]
+        self.client.delete(self.recent_key, self.active_key, *{f"{self.prefix}job:{i}" for i in ids})
 
     def get(self, job_id: str) -> Job | None:
         raw = self.client.get(f"{self.prefix}job:{job_id}")
@@ -162,6 +168,10 @@ class FileJobStore:
         write_atomic(self.root / f"{job.id}.json", json.dumps(asdict(job)))
         if not job.active:
             self.expire()
+
+    def remove(self) -> None:
+        for path in self.root.glob("*.json") if self.root.is_dir() else ():
+            path.unlink(missing_ok=True)
 
     def expire(self, ttl_s: float = JOB_TTL_S) -> int:
         """Removes finished jobs older than the TTL, as Redis expires its records. Returns how many."""
