@@ -143,6 +143,9 @@ class Settings(BaseSettings):
     # 96k replies holds 125 MB of FAISS indexes in every replica, so the limits bound its memory.
     max_sets: int = Field(default=16, ge=1, le=1000)
     max_total_candidates: int = Field(default=1_000_000, ge=1)
+    # Index builds of every set in this process at once, by estimate (~4.4 kB a candidate: 0.4 GB for
+    # the chitchat 96k); a job that does not fit waits, and one larger than this runs alone.
+    reindex_memory_mb: int = Field(default=1024, ge=64, le=1 << 20)
 
     @property
     def bundles_root(self) -> Path:

@@ -154,3 +154,43 @@ def test_recent_jobs_come_newest_first_from_either_store(clean_redis: redis.Redi
     assert "ancient" not in [j.id for j in RedisJobStore(clean_redis).recent(100)]
     clean_redis.delete("job:job3")  # evicted early
     assert [j.id for j in RedisJobStore(clean_redis).recent(3)] == ["job4", "job2", "job1"]
+
+
+def test_builds_of_several_sets_wait_for_the_process_memory_budget() -> None:
+    """#49, item 6: each set's job built at once in the process that serves every set (~0.4 GB for 96k
+    candidates each); uploads to several sets could be killed for memory and take every set down."""
+    import threading
+    import time
+
+    from app.engine.budget import BuildBudget
+
+    budget = BuildBudget(max_bytes=BuildBudget.estimate(150_000))
+    order: list[str] = []
+    waited: list[str] = []
+    first_in = threading.Event()
+    release_first = threading.Event()
+
+    def build(name: str, candidates: int, hold: threading.Event | None = None) -> None:
+        with budget.held(candidates, waiting=lambda: waited.append(name)):
+            order.append(f"{name} starts")
+            if hold is not None:
+                first_in.set()
+                hold.wait(10)
+            order.append(f"{name} ends")
+
+    first = threading.Thread(target=build, args=("a", 100_000, release_first))
+    first.start()
+    assert first_in.wait(10)
+    small = threading.Thread(target=build, args=("b", 10_000))  # fits beside it: runs at once
+    small.start()
+    small.join(10)
+    big = threading.Thread(target=build, args=("c", 100_000))  # does not fit: waits for a
+    big.start()
+    time.sleep(0.2)
+    assert order == ["a starts", "b starts", "b ends"] and waited == ["c"]
+    release_first.set()
+    first.join(10)
+    big.join(10)
+    assert order[-2:] == ["c starts", "c ends"] and budget.used == 0 and budget.running == 0
+    with budget.held(10_000_000):  # larger than the whole budget: runs alone, never waits for ever
+        assert budget.running == 1

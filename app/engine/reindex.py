@@ -166,19 +166,21 @@ class Reindexer:
         if not merged:
             raise ValueError("the upload would leave no candidates")
 
-        # Its own session, created in this low-priority thread: its worker
-        # threads inherit the niceness, so on an idle machine the build uses
-        # every core and under load the scheduler favours live requests.
-        encoder = model.encoder.sibling(self.runtime.settings.ort_intra_op_threads)
-        manifest = build_version(
-            merged,
-            encoder,
-            model.bundle.checksum,
-            target.store,
-            source=f"admin:{job.mode}",
-            progress=False,
-            on_progress=lambda stage, fraction: self._progress(job, stage, fraction),
-        )
+        # Every set's builds share one memory budget in this process: this one may wait its turn.
+        with self.runtime.builds.held(len(merged), waiting=lambda: self._progress(job, "waiting for a build", 0.0)):
+            # Its own session, created in this low-priority thread: its worker
+            # threads inherit the niceness, so on an idle machine the build uses
+            # every core and under load the scheduler favours live requests.
+            encoder = model.encoder.sibling(self.runtime.settings.ort_intra_op_threads)
+            manifest = build_version(
+                merged,
+                encoder,
+                model.bundle.checksum,
+                target.store,
+                source=f"admin:{job.mode}",
+                progress=False,
+                on_progress=lambda stage, fraction: self._progress(job, stage, fraction),
+            )
         job.version = manifest.version
         job.counts.update(replies=manifest.replies, queries=manifest.queries, encoded=manifest.encoded)
 
