@@ -34,11 +34,16 @@ from app.engine.sets import (
     CandidateSet,
     NoSuchSet,
     check_set_name,
+    creating,
+    indexes_root,
     move_set_dir_away,
+    names_on_volume,
     remove_moved,
     set_dir,
+    stored_replies,
 )
 from app.engine.stats import Buckets
+from core.store import IndexStore
 from index.candidates import REDIS_KEY, CandidateStore, FileCandidateStore, RedisCandidateStore
 
 log = logging.getLogger(__name__)
@@ -105,8 +110,9 @@ class Admin:
             if name not in self.runtime.sets:
                 if not create:
                     raise NoSuchSet(name)
-                self._check_room_for_a_set(name)
-                set_dir(self.settings.artifacts_dir, name).joinpath("indexes").mkdir(parents=True, exist_ok=True)
+                with creating(self.settings.artifacts_dir):  # counted and made as one step, across replicas
+                    self._check_room_for_a_set(name)
+                    set_dir(self.settings.artifacts_dir, name).joinpath("indexes").mkdir(parents=True, exist_ok=True)
             if name not in self.sets or self.sets[name].candidate_set is not self.runtime.add_set(name):
                 self.sets[name] = self._wire(self.runtime.add_set(name))
             return self.sets[name]
@@ -121,11 +127,9 @@ class Admin:
 
     def check_total(self, name: str, after: int) -> None:
         """SetLimit if set `name` holding `after` candidates would put all sets over the limit."""
-        others = sum(
-            s.serving.index.manifest.replies + len(s.serving.index.reaction_ids)
-            for n, s in self.runtime.sets.items()
-            if n != name and s.serving is not None
-        )
+        # Every set on the shared volume, as its pointer's version says: not only those this replica serves.
+        artifacts = self.settings.artifacts_dir
+        others = sum(stored_replies(artifacts, n) for n in names_on_volume(artifacts) or [DEFAULT_SET] if n != name)
         limit = self.settings.max_total_candidates
         if others + after > limit:
             raise SetLimit(
@@ -165,9 +169,14 @@ class Admin:
             self.client.close()
 
     def _check_room_for_a_set(self, name: str) -> None:
-        if len(self.runtime.sets) >= self.settings.max_sets:
+        """Counts the sets on the shared volume that hold a version, those no replica has discovered yet
+        included; a set whose first upload failed holds nothing, and takes no slot."""
+        artifacts = self.settings.artifacts_dir
+        named = set(names_on_volume(artifacts) or [DEFAULT_SET]) | set(self.runtime.sets)
+        held = sum(1 for n in named if n == DEFAULT_SET or IndexStore(indexes_root(artifacts, n)).versions())
+        if held >= self.settings.max_sets:
             raise SetLimit(
-                f"cannot create set {name!r}: the service holds {len(self.runtime.sets)} sets, its limit "
+                f"cannot create set {name!r}: the service holds {held} sets, its limit "
                 "(CHITCHAT_MAX_SETS); delete one first",
                 "set",
                 too_large=False,

@@ -216,3 +216,31 @@ async def test_a_delete_that_redis_fails_can_be_retried_and_leaves_nothing_behin
         assert clean_redis.keys("set:english:*") == []  # records, the written flag, jobs and their listing
         job = await upload_to(client, "english", [{"reply": "a fresh start", "id": "new-1"}], mode="append")
         assert job["counts"]["candidates_before"] == 0 and job["counts"]["candidates_after"] == 1
+
+
+async def test_set_limits_hold_across_replicas_and_a_failed_first_upload_takes_no_slot(
+    make_client: AppFactory, own_artifacts: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#49, item 10: the limits were per replica. A replica that had not discovered another's set could
+    pass CHITCHAT_MAX_SETS and the total-candidates limit, and a failed first upload left a set with
+    nothing in it that used up a slot."""
+    from app.engine import replicas
+
+    limits = {"artifacts_dir": own_artifacts, "admin_token": TOKEN, "max_sets": 3, "max_total_candidates": 28}
+    monkeypatch.setattr(replicas.Follower, "follow", lambda self: _not_following())  # neither sees the other's
+    async with make_client(**limits) as first, make_client(**limits) as second:
+        await upload_to(first, "english", ENGLISH)  # 3 candidates, on the volume
+        failed = await first.post("/admin/sets/broken/candidates?on_invalid=skip", json=[{"id": "x"}], headers=AUTH)
+        if failed.status_code == 202:
+            job = await wait_for(first, failed.json()["job_id"])
+            assert job["state"] == "failed"  # nothing valid: the set holds no version
+        await upload_to(second, "korean", KOREAN)  # the third set: default, english, korean (broken holds nothing)
+        refused = await second.post("/admin/sets/fourth/candidates", json=KOREAN, headers=AUTH)
+        assert refused.status_code == 409 and refused.json()["error"]["field"] == "set", refused.text
+        many = [{"reply": f"reply number {i}", "id": f"n-{i}"} for i in range(5)]
+        over = await second.post("/admin/sets/korean/candidates", json=many, headers=AUTH)  # 18 (default) + 3 + 3 + 5 > 28
+        assert over.status_code == 413 and over.json()["error"]["field"] == "records", over.text
+
+
+async def _not_following() -> bool:
+    return False

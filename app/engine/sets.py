@@ -14,11 +14,14 @@ matches SET_NAME.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import re
 import shutil
 import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,6 +79,32 @@ def names_on_volume(artifacts: Path) -> list[str] | None:
         return None
     found = [p.name for p in root.iterdir() if p.is_dir() and SET_NAME.fullmatch(p.name)]
     return [DEFAULT_SET, *sorted(n for n in found if n != DEFAULT_SET)]
+
+
+@contextmanager
+def creating(artifacts: Path) -> Iterator[None]:
+    """Held while a new set is counted and made: an exclusive lock on a file on the shared volume, so
+    two replicas (or a set another replica made that this one has not discovered yet) cannot both pass
+    the limit on sets."""
+    root = artifacts / SETS_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / ".create.lock").open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def stored_replies(artifacts: Path, name: str) -> int:
+    """What the version set `name`'s pointer names holds, read from the volume: every replica sees it,
+    whether or not it has loaded the set."""
+    store = IndexStore(indexes_root(artifacts, name))
+    try:
+        version = store.current()
+        return store.manifest(version).replies if version else 0
+    except (OSError, ValueError):
+        return 0
 
 
 def on_volume(artifacts: Path, name: str) -> bool:
