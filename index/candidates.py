@@ -34,10 +34,14 @@ DUPLICATE_RULES = {
 
 
 class CandidateStore(Protocol):
+    """A set's records as its current version holds them, kept beside the versions so an append need
+    not read them back out of one. The pointer is the truth: the store says which version its records
+    are (`version`), and a reader whose pointer names another reads that version's records instead."""
+
     def all(self) -> list[Candidate]: ...
     def count(self) -> int: ...
-    def written(self) -> bool: ...
-    def replace(self, candidates: Iterable[Candidate]) -> None: ...
+    def version(self) -> str | None: ...  # the version the records are; None if never written
+    def replace(self, candidates: Iterable[Candidate], version: str) -> None: ...
     def remove(self) -> None: ...  # the whole store, when its set is deleted
 
 
@@ -59,14 +63,17 @@ class RedisCandidateStore:
     def count(self) -> int:
         return int(self.client.hlen(self.key))
 
-    def written(self) -> bool:
-        return bool(self.client.exists(self.written_key))
+    def version(self) -> str | None:
+        raw = self.client.get(self.written_key)
+        text = raw.decode() if isinstance(raw, bytes) else raw
+        return text if isinstance(text, str) and text.startswith("v") else None  # "1": written before versions
 
     def remove(self) -> None:
         self.client.delete(self.key, self.written_key)
 
-    def replace(self, candidates: Iterable[Candidate]) -> None:
-        """Written under a temporary key, then renamed over the live one. The temporary key expires
+    def replace(self, candidates: Iterable[Candidate], version: str) -> None:
+        """Written under a temporary key, then renamed over the live one with the version they are, in
+        one transaction. The temporary key expires
         (STAGING_TTL_S after its last chunk) and is deleted on a failed write: one left by a process
         that died mid-write, tens of MB for a 97k set, never outlives it in a Redis that does not evict."""
         staging = f"{self.key}:staging:{uuid.uuid4().hex}"  # pids repeat across containers
@@ -85,7 +92,7 @@ class RedisCandidateStore:
                     pipe.persist(self.key)  # RENAME carries the staging key's expiry over
                 else:
                     pipe.delete(self.key)
-                pipe.set(self.written_key, 1)
+                pipe.set(self.written_key, version)
                 pipe.execute()
         except BaseException:
             with contextlib.suppress(redis.RedisError):
@@ -112,17 +119,30 @@ class FileCandidateStore:
     def count(self) -> int:
         return len(self.all())
 
-    def written(self) -> bool:
-        return self.path.is_file()
+    @property
+    def _marker(self) -> Path:
+        return self.path.with_suffix(".version")
+
+    def version(self) -> str | None:
+        try:
+            return self._marker.read_text().strip() or None
+        except FileNotFoundError:
+            return None
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
+        self._marker.unlink(missing_ok=True)
 
-    def replace(self, candidates: Iterable[Candidate]) -> None:
+    def replace(self, candidates: Iterable[Candidate], version: str) -> None:
+        """The records, then the version they are: a crash between leaves a marker that names another
+        version than the pointer, so a reader goes to the version's own records."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._marker.unlink(missing_ok=True)
         with atomic_file(self.path, "w", sync_dir=True) as f:
             for c in sorted(candidates, key=lambda c: c.key):
                 f.write(to_json(c) + "\n")
+        with atomic_file(self._marker, "w", sync_dir=True) as f:
+            f.write(version + "\n")
 
 
 def apply(current: list[Candidate], mode: str, upload: list[Candidate]) -> list[Candidate]:

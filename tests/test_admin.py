@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import socket
@@ -226,7 +227,7 @@ async def test_rollback_serves_the_previous_version(admin_client: httpx.AsyncCli
         "set": "default",
         "from": job["version"],
         "to": first,
-        "after_swap": {"publish": "done", "prune": "done"},
+        "after_swap": {"store": "done", "publish": "done", "prune": "done"},
     }
     assert await version_of(admin_client) == first
     assert (await admin_client.post("/admin/rollback", headers=AUTH)).status_code == 409  # nothing older
@@ -500,7 +501,11 @@ async def test_a_replica_follows_the_pointer_without_a_message(make_client: AppF
     settings = {"artifacts_dir": own_artifacts, "admin_token": TOKEN, "index_poll_s": 0.1}
     async with make_client(**settings) as replica_a, make_client(**settings) as replica_b:
         job = await upload(replica_a, [{"reply": "found at the pointer", "query": "did you poll?"}])
-        assert job["state"] == "succeeded" and job["report"]["after_swap"] == {"publish": "done", "prune": "done"}
+        assert job["state"] == "succeeded" and job["report"]["after_swap"] == {
+            "store": "done",
+            "publish": "done",
+            "prune": "done",
+        }
         for _ in range(100):
             if await version_of(replica_b) == job["version"]:
                 break
@@ -557,3 +562,39 @@ async def test_a_version_that_raises_on_load_is_logged_and_kept_for_readiness(
             ready = await client.get("/readyz")
             assert ready.status_code == 503
             assert ready.json()["problem"].startswith("RuntimeError")
+
+
+@pytest.mark.parametrize("redis_backed", [False, True])
+async def test_a_failed_pointer_write_loses_no_record_and_the_store_follows_the_pointer(
+    make_client: AppFactory,
+    own_artifacts: Path,
+    clean_redis: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    redis_backed: bool,
+) -> None:
+    """#49, item 4: the store was written before the pointer. ENOSPC on the pointer during a rollback
+    left every replica serving v2 while the store held v1's records, and the next append built on v1,
+    silently dropping a reply v2 had; a job that reported 'failed' had still changed the store."""
+    from core import store as store_module
+
+    extra = {"redis_url": REDIS_URL} if redis_backed else {}
+    async with make_client(artifacts_dir=own_artifacts, admin_token=TOKEN, **extra) as client:
+        await upload(client, [{"reply": "only in v2", "id": "v2-only"}])
+        v2 = await version_of(client)
+        real = store_module.IndexStore.set_current
+
+        def enospc(self: IndexStore, version: str, rollback: bool = False) -> None:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(store_module.IndexStore, "set_current", enospc)
+        with contextlib.suppress(OSError):  # the in-process transport re-raises what the 500 answered
+            await client.post("/admin/rollback", headers=AUTH)
+        assert await version_of(client) == v2
+        job = await upload(client, [{"reply": "only in v3", "id": "v3-only"}], mode="replace")
+        assert job["state"] == "failed" and await version_of(client) == v2
+        monkeypatch.setattr(store_module.IndexStore, "set_current", real)
+
+        appended = await upload(client, [{"reply": "appended later", "id": "later"}])
+        assert appended["state"] == "succeeded"
+        ids = {c.key for c in IndexStore(own_artifacts / "indexes").records(appended["version"])}
+        assert "v2-only" in ids and "later" in ids and "v3-only" not in ids  # nothing lost, nothing phantom

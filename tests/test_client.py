@@ -281,7 +281,7 @@ def test_sync_upload_streams_a_file_waits_and_rolls_back(
             "set": "default",
             "from": job.version,
             "to": first,
-            "after_swap": {"publish": "done", "prune": "done"},
+            "after_swap": {"store": "done", "publish": "done", "prune": "done"},
         }
         assert client.reply(["do you like tacos?"]).index_version == first
 

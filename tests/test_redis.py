@@ -255,10 +255,10 @@ def test_a_candidate_store_write_leaves_no_staging_hash_behind(clean_redis: redi
                     raise RuntimeError("the upload's source broke mid-write")
             yield Candidate(reply=f"reply {i}")
 
-    store.replace(records(fail=False))
+    store.replace(records(fail=False), "v20990101T000000000000-aaaaaa")
     assert store.count() == CHUNK * 2 + 5 and clean_redis.ttl("set:t:candidates") == -1  # the live hash persists
     assert seen_ttls and all(0 < t <= STAGING_TTL_S for t in seen_ttls)
     with pytest.raises(RuntimeError):
-        store.replace(records(fail=True))
+        store.replace(records(fail=True), "v20990101T000000000000-bbbbbb")
     assert clean_redis.keys("set:t:candidates:staging:*") == []  # a failed write cleans up after itself
     assert store.count() == CHUNK * 2 + 5  # and the live records are as they were

@@ -238,7 +238,9 @@ async def test_set_limits_hold_across_replicas_and_a_failed_first_upload_takes_n
         refused = await second.post("/admin/sets/fourth/candidates", json=KOREAN, headers=AUTH)
         assert refused.status_code == 409 and refused.json()["error"]["field"] == "set", refused.text
         many = [{"reply": f"reply number {i}", "id": f"n-{i}"} for i in range(5)]
-        over = await second.post("/admin/sets/korean/candidates", json=many, headers=AUTH)  # 18 (default) + 3 + 3 + 5 > 28
+        over = await second.post(
+            "/admin/sets/korean/candidates", json=many, headers=AUTH
+        )  # 18 (default) + 3 + 3 + 5 > 28
         assert over.status_code == 413 and over.json()["error"]["field"] == "records", over.text
 
 

@@ -156,9 +156,7 @@ class Reindexer:
         serving = target.serving  # None until the first version exists: this job may build it
         job.previous_version = serving.index_version if serving else None
         self._progress(job, "load", 0.0)
-        current = self.candidates.all()
-        if not current and not self.candidates.written() and serving is not None:
-            current = target.store.records(serving.index_version)
+        current = self.records_now()
         merged = apply(current, job.mode, upload)
         if job.mode != "delete":  # only here are the stored records known: the upload alone cannot tell
             job.report["duplicates"] = duplicates(current, job.mode, upload, merged, lines)
@@ -188,14 +186,27 @@ class Reindexer:
         if not holding.still_held():  # another replica may be reindexing: only the holder swaps
             raise RuntimeError("lost the reindex lock before the swap; the built version was not served")
         fresh = self.runtime.serve_version(target, manifest.version)
-        self.candidates.replace(merged)  # only now: the new version is built and valid
+        # The pointer first: it is the one truth. A failure here fails the job with the store untouched.
         target.point_to(fresh, f"reindex job {job.id}")
-        job.report["after_swap"] = self.after_swap(manifest.version)
+        job.report["after_swap"] = self.after_swap(manifest.version, merged)
 
-    def after_swap(self, version: str) -> dict[str, str]:
-        """Tells the other replicas, and prunes. Each step's outcome, for the job's report: the
-        version serves either way, and the replicas also find it at the pointer."""
+    def records_now(self) -> list[Candidate]:
+        """The set's records as the version its pointer names holds them: the store's when it says it is
+        that version, else the version's own (a store that lags or leads the pointer: a write that
+        failed, a process that died between the two)."""
+        pointer = self.candidate_set.store.current()
+        if pointer is None:
+            return []
+        if self.candidates.version() == pointer:
+            return self.candidates.all()
+        return self.candidate_set.store.records(pointer)
+
+    def after_swap(self, version: str, records: list[Candidate]) -> dict[str, str]:
+        """Stores the records the new version is, tells the other replicas, and prunes. Each step's
+        outcome, for the job's report: the version serves either way, the store catches up at the next
+        job (`records_now`), and the replicas also find the version at the pointer."""
         steps: dict[str, Callable[[], None]] = {
+            "store": lambda: self.candidates.replace(records, version),
             "publish": lambda: self.publish(version),
             "prune": lambda: prune(self.candidate_set),
         }

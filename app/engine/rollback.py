@@ -32,9 +32,9 @@ def rollback(reindexer: Reindexer) -> tuple[str, str, dict[str, str]]:
         fresh = runtime.serve_version(target, earlier)
         if not holding.still_held():
             raise RuntimeError("lost the reindex lock before the swap; nothing changed")
-        # The store goes back with the index: the next upload builds on what is served.
-        reindexer.candidates.replace(target.store.records(earlier))
+        # The pointer first, then the store goes back with it (`after_swap`): the next upload builds on
+        # what is served, and a failed pointer write leaves the store as it was.
         target.point_to(fresh, "rollback", rollback=True)
-        return current, earlier, reindexer.after_swap(earlier)
+        return current, earlier, reindexer.after_swap(earlier, target.store.records(earlier))
     finally:
         holding.release()

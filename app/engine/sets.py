@@ -86,9 +86,8 @@ def creating(artifacts: Path) -> Iterator[None]:
     """Held while a new set is counted and made: an exclusive lock on a file on the shared volume, so
     two replicas (or a set another replica made that this one has not discovered yet) cannot both pass
     the limit on sets."""
-    root = artifacts / SETS_DIR
-    root.mkdir(parents=True, exist_ok=True)
-    with (root / ".create.lock").open("a") as f:
+    artifacts.mkdir(parents=True, exist_ok=True)
+    with (artifacts / f"{SETS_DIR}.lock").open("a") as f:  # beside the sets: nothing in there is not a set
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
