@@ -1,0 +1,47 @@
+"""What the docs and the Makefile name exists: a module a target runs, a file a page links, a target
+a page tells you to make. Drift here is a newcomer's first dead end."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "models").glob("*.md"))]
+MODULE = re.compile(r"-m ([a-z_][a-z0-9_.]*)")
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+MAKE = re.compile(r"`make ([a-z][a-z0-9-]*[a-z0-9])(?![*\w-])")  # not a pattern such as `make bench-*`
+
+
+def targets() -> set[str]:
+    makefile = (ROOT / "Makefile").read_text()
+    return set(re.findall(r"^([a-z][a-z0-9-]*):", makefile, flags=re.MULTILINE))
+
+
+def module_exists(name: str) -> bool:
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__main__.py").is_file()
+
+
+def test_every_module_a_make_target_runs_exists() -> None:
+    ours = {"app", "core", "index", "models", "bench", "tests"}
+    named = set(MODULE.findall((ROOT / "Makefile").read_text()))
+    missing = [m for m in named if m.split(".")[0] in ours and not module_exists(m)]
+    assert not missing, f"the Makefile runs modules that do not exist: {missing}"
+
+
+def test_every_link_in_the_docs_leads_to_a_file() -> None:
+    broken = []
+    for page in PAGES:
+        for target in LINK.findall(page.read_text(encoding="utf-8")):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            if not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(ROOT)} -> {target}")
+    assert not broken, broken
+
+
+def test_every_make_target_the_docs_name_exists() -> None:
+    known = targets()
+    unknown = [f"{p.relative_to(ROOT)}: make {t}" for p in PAGES for t in MAKE.findall(p.read_text()) if t not in known]
+    assert not unknown, unknown
