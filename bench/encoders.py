@@ -40,6 +40,7 @@ from core.encoder import Encoder
 from index.corpus import load_conversations
 from models.evalset import EvalSet, eval_set, ranks
 from models.ood import half
+from models.release import MAX_RELEASE_BYTES
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLES = Path("artifacts/bundles")
@@ -154,19 +155,20 @@ def half_a(row: dict[str, Any], name: str) -> float | None:
 
 
 def choose(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The default encoder: of the bundles that serve English and Korean and never saw chatterbot,
-    the best mean half-A R@1 over the human chit-chat sets. Also the best per language."""
+    """The default encoder: of the bundles that serve English and Korean, never saw chatterbot and fit
+    a release (MAX_RELEASE_BYTES, tracked in git), the best mean half-A R@1 over the human chit-chat
+    sets. Also the best per language, any size."""
     scores = {}
     for row in rows:
         values = [half_a(row, name) for name in HUMAN]
-        if None not in values and not row.get("trained_on_chatterbot"):
+        if None not in values and not row.get("trained_on_chatterbot") and row["bytes"] <= MAX_RELEASE_BYTES:
             scores[row["model"]] = round(float(np.mean([v for v in values if v is not None])), 4)
     english = {
         r["model"]: np.mean([half_a(r, n) or 0.0 for n in ("topical_chat_valid", "chitchat_test")]) for r in rows
     }
     korean = {r["model"]: half_a(r, "chatbotdata_ko_dev") for r in rows if half_a(r, "chatbotdata_ko_dev") is not None}
     return {
-        "rule": "serves en and ko, no chatterbot in training; best mean half-A R@1 over " + ", ".join(HUMAN),
+        "rule": "serves en and ko, no chatterbot in training, <= 40 MiB; best mean half-A R@1 over " + ", ".join(HUMAN),
         "scores": scores,
         "default": max(scores, key=scores.__getitem__) if scores else None,
         "best_english_half_a": max(english, key=english.__getitem__),

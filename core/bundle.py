@@ -33,7 +33,7 @@ FORMAT_VERSION = 2
 # serves them. Each is a directory of RELEASE_ROOT; a candidate set names one by that name.
 RELEASE_ROOT = Path(__file__).resolve().parents[1] / "models" / "release"
 # The default encoder (`make release` promotes into it): every set that names none.
-RELEASE_BUNDLE = RELEASE_ROOT / "minilm"
+RELEASE_BUNDLE = RELEASE_ROOT / "e5"
 
 
 class BundleError(ValueError):

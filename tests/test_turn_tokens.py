@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 from tokenizers import Tokenizer
 
-from core.bundle import RELEASE_BUNDLE, TOKENIZER_FILE, open_bundle
+from core.bundle import RELEASE_BUNDLE, RELEASE_ROOT, TOKENIZER_FILE, open_bundle
 from core.encoder import Tokenizers
 from core.turn_tokens import TURN_MEMO, TurnTokenizer
 from index.corpus import load_pairs
@@ -29,11 +29,19 @@ ODD_TURNS = [
 ]
 
 
+MINILM = RELEASE_ROOT / "minilm"  # the shipped bundle whose WordPiece contexts are assembled turn by turn
+
+
 @pytest.fixture(scope="module")
 def release() -> tuple[Tokenizer, TurnTokenizer]:
-    tokenizers = Tokenizers.load(RELEASE_BUNDLE, open_bundle(RELEASE_BUNDLE))
+    tokenizers = Tokenizers.load(MINILM, open_bundle(MINILM))
     assert tokenizers.turns is not None
     return tokenizers.by_side["context"], tokenizers.turns
+
+
+def test_a_prefixed_sentencepiece_bundle_tokenises_its_context_whole() -> None:
+    """The default encoder (e5: "query: " prefix, SentencePiece) is not one where turns assemble exactly."""
+    assert Tokenizers.load(RELEASE_BUNDLE, open_bundle(RELEASE_BUNDLE)).turns is None
 
 
 def test_the_release_tokenizer_gives_the_same_ids_on_held_out_contexts(
@@ -55,7 +63,7 @@ def test_odd_turns_give_the_same_ids(release: tuple[Tokenizer, TurnTokenizer]) -
 
 
 def test_turns_past_the_limit_are_not_tokenised_and_turns_are_tokenised_once() -> None:
-    tokenizer = Tokenizer.from_file(str(RELEASE_BUNDLE / TOKENIZER_FILE))
+    tokenizer = Tokenizer.from_file(str(MINILM / TOKENIZER_FILE))
     tokenizer.enable_truncation(max_length=16, direction="left")
     tokenizer.no_padding()
     turns = TurnTokenizer(tokenizer, " [SEP] ", 16)
@@ -76,7 +84,7 @@ def test_the_turn_memo_is_bounded(release: tuple[Tokenizer, TurnTokenizer]) -> N
 
 
 def test_a_bundle_with_a_query_prefix_tokenises_whole() -> None:
-    manifest = open_bundle(RELEASE_BUNDLE)
-    tokenizer = Tokenizer.from_file(str(RELEASE_BUNDLE / TOKENIZER_FILE))
+    manifest = open_bundle(MINILM)
+    tokenizer = Tokenizer.from_file(str(MINILM / TOKENIZER_FILE))
     assert TurnTokenizer.for_bundle(tokenizer, replace(manifest, query_prefix="query: ")) is None
     assert TurnTokenizer.for_bundle(tokenizer, replace(manifest, turn_separator=" | ")) is None
