@@ -58,11 +58,15 @@ def schema_fuzz(ctx: Context) -> dict[str, Any]:
         f"{lines[i].strip('_ ')}: {lines[i + 2].strip()}" for i, line in enumerate(lines[:-2]) if line.startswith("___")
     ]
     tail = lines[-6:]
+    # The fuzzer's own reproduction of each failure: a failure seen once in a time-bounded run (as ST202
+    # on POST /reply once was) is otherwise gone with the run.
+    reproduce = [line.strip() for line in lines if line.strip().startswith("curl ")]
     return {
         "index": ctx.index_label(),
         "max_time_s": seconds,
         "exit_code": done.returncode,
         "failures": failures[:10],
+        "reproduce": reproduce[:10],
         "summary": tail,
         "pass": done.returncode == 0,
     }
