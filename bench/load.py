@@ -216,6 +216,12 @@ def main() -> None:
     )
     parser.add_argument("--artifacts", type=Path, default=ROOT / "artifacts", help="holds an index for the bundle")
     parser.add_argument("--skip-naive", action="store_true")
+    parser.add_argument(
+        "--naive",
+        choices=("all", "minilm", "e5"),
+        default="all",
+        help="which naive services to run: MiniLM's takes minutes to encode its replies the first time",
+    )
     parser.add_argument("--spin", action="store_true", help="serve with CHITCHAT_ORT_SPIN=1")
     parser.add_argument("--out", type=Path, default=ROOT / "reports")
     args = parser.parse_args()
@@ -261,6 +267,12 @@ def main() -> None:
             services["naive-e5"] = ["bench.naive:app"]
         if args.skip_naive:
             services = {"project": services["project"]}
+        elif args.naive != "all":
+            services = {
+                k: v
+                for k, v in services.items()
+                if k == "project" or k == {"minilm": "naive", "e5": "naive-e5"}[args.naive]
+            }
         for service, target in services.items():
             port = free_port()
             command = [sys.executable, "-m", "uvicorn", *target, "--host", "127.0.0.1", "--port", str(port)]
