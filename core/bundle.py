@@ -74,6 +74,14 @@ class ReactionSpec:
     language: str = "en"  # BCP 47; a conversation in another language gets no reaction from this set...
     # ... unless the set has the classes' text in that language: BCP 47 -> [C] texts, class for class.
     translations: dict[str, list[str]] = field(default_factory=dict)
+    # [C] the side a class takes on an axis ("valence+" for "congrats!", "valence-" for "oh no"), or
+    # "". Such a class is served only when the context leans its way by `stance_margin`: a
+    # classifier unsure whether news is good or bad answers with a class that takes no side.
+    stances: list[str] = field(default_factory=list)
+    # axis -> [lines at its + pole, lines at its - pole]; the axis is the difference of their mean
+    # context vectors, taken with the bundle's own encoder when it loads.
+    axes: dict[str, list[list[str]]] = field(default_factory=dict)
+    stance_margin: float = 0.0
 
 
 @dataclass

@@ -117,3 +117,44 @@ def test_the_bundles_own_classes_answer_in_each_language_they_are_written_in(tmp
     spec = ReactionSpec(labels=["haha", "oh no"], coverage=0.1, translations={"ko": ["ㅋㅋㅋ"]})
     with pytest.raises(ValueError, match="1 ko reactions for 2 classes"):
         ReactionClassifier.load(tmp_path, spec)
+
+
+def test_a_class_that_takes_a_side_answers_only_a_context_that_leans_its_way(tmp_path: Path, artifacts: Path) -> None:
+    """ "that's awesome!" is the classifier's favourite, but the context leans to bad news on the
+    valence axis: the class that takes no side answers. Below the margin neither side may."""
+    dim = 4
+    classifier = ReactionClassifier(
+        ["that's awesome!", "oh no", "oh I see"],
+        np.zeros((3, dim), np.float32),
+        np.array([2.0, 1.0, 0.0], np.float32),  # "that's awesome!" first on probability alone
+        "en",
+        axes=np.array([[1.0, 0.0, 0.0, 0.0]], np.float32),  # valence: + good news, - bad
+        axis_of=np.array([0, 0, -1]),
+        pole=np.array([1.0, -1.0, 0.0], np.float32),
+        margin=0.1,
+    )
+    bad_news = np.array([-0.5, 0.0, 0.0, 0.0], np.float32)
+    unsure = np.array([0.05, 0.0, 0.0, 0.0], np.float32)
+    good_news = np.array([0.5, 0.0, 0.0, 0.0], np.float32)
+    assert [c for c, _ in classifier.top(bad_news, 3)] == [1, 2]
+    assert [c for c, _ in classifier.top(unsure, 3)] == [2]
+    assert [c for c, _ in classifier.top(good_news, 3)] == [0, 2]
+
+    # A bundle's spec names the axes by their anchor lines; the bundle's encoder places them.
+    serving = build_runtime(settings_for(artifacts)).current()
+    np.savez(tmp_path / REACTIONS_FILE, weight=np.zeros((2, serving.encoder.dim), np.float32), bias=np.zeros(2))
+    spec = ReactionSpec(
+        labels=["congrats!", "oh no"],
+        coverage=0.1,
+        stances=["valence+", "valence-"],
+        axes={"valence": [["I won the lottery"], ["my dog died"]]},
+        stance_margin=0.0,
+    )
+    with pytest.raises(ValueError, match="needs the bundle's encoder"):
+        ReactionClassifier.load(tmp_path, spec)
+    loaded = ReactionClassifier.load(tmp_path, spec, serving.encoder)
+    won = serving.encoder.encode(["I won the lottery"], side="context")[0]
+    assert loaded.axes.shape == (1, serving.encoder.dim)
+    assert [c for c, _ in loaded.top(won, 2)] == [0]
+    with pytest.raises(ValueError, match="names no axis"):
+        ReactionClassifier.load(tmp_path, replace(spec, stances=["valence+", "tone-"]), serving.encoder)

@@ -227,7 +227,9 @@ def load_model(settings: Settings, bundle_dir: Path | None = None) -> Model:
         bundle_dir=bundle_dir,
         encoder=encoder,
         reranker=PolyReranker(bundle.poly) if bundle.poly is not None else None,
-        reactions=ReactionClassifier.load(bundle_dir, bundle.reactions) if bundle.reactions is not None else None,
+        reactions=ReactionClassifier.load(bundle_dir, bundle.reactions, encoder)
+        if bundle.reactions is not None
+        else None,
         confidence=ConfidenceModel(bundle.confidence) if bundle.confidence is not None else None,
     )
 

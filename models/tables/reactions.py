@@ -18,7 +18,7 @@ def figures(bundle_dir: Path, encoder: Encoder, path: Path | None = None) -> dic
     m = encoder.manifest
     if m.reactions is None:
         return {}
-    classifier = ReactionClassifier.load(bundle_dir, m.reactions)
+    classifier = ReactionClassifier.load(bundle_dir, m.reactions, encoder)
     pairs = load_pairs("test", m.max_context_turns, path)
     labels = ReactionSet.from_labels(m.reactions.labels).classify([p.reply for p in pairs])  # [N]
     contexts = [m.turn_separator.join(p.context) for p, label in zip(pairs, labels, strict=True) if label >= 0]
