@@ -24,6 +24,7 @@ choose. Writes reports/encoders.{md,json}.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import time
 from pathlib import Path
@@ -230,6 +231,18 @@ def markdown(rows: list[dict[str, Any]], choice: dict[str, Any], cpu: str) -> st
     return "\n".join(lines) + "\n"
 
 
+def refresh_reactions(out: Path) -> None:
+    """The report at `out` with its labelled-reaction figures replaced by ood.json's rows of the same
+    bundle build: a refitted reaction classifier changes those and nothing else the bake-off measures."""
+    report = json.loads(out.with_suffix(".json").read_text(encoding="utf-8"))
+    ood = json.loads((out.parent / "ood.json").read_text(encoding="utf-8"))
+    for row in report["candidates"]:
+        for r in ood:
+            if r["checksum"] == row["checksum"] and r["set"].startswith("reactions-labelled-"):
+                row["sets"][r["set"]] = {k: v for k, v in r.items() if k not in ("model", "bundle", "checksum", "cpu")}
+    write(out, report, markdown(report["candidates"], report["choice"], report["cpu"]))
+
+
 def default_bundles() -> list[Path]:
     return [RELEASE_ROOT / name if name == "minilm" else BUNDLES / name for name in CANDIDATES]
 
@@ -238,7 +251,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bundle", action="append", default=[], help="DIR or DIR=label; repeatable")
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "encoders")
+    parser.add_argument(
+        "--refresh-reactions",
+        action="store_true",
+        help="rerun nothing: take each candidate's labelled-reaction rows from OUT's ood.json "
+        "(`python -m bench.ood --reactions-only`) and write the report again",
+    )
     args = parser.parse_args()
+    if args.refresh_reactions:
+        refresh_reactions(args.out)
+        return
     chosen = [tuple(item.split("=", 1)) if "=" in item else (item, "") for item in args.bundle]
     bundles = [(Path(p), label) for p, label in chosen] or [(b, "") for b in default_bundles() if b.is_dir()]
     data = eval_set(CHITCHAT_TEST, split="test")

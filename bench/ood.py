@@ -187,7 +187,9 @@ def languages(bundle: Path) -> list[str]:
     return list(manifest.languages) or ["en", "ko"]  # a multilingual bundle that names none: both sets
 
 
-def score(bundle: Path, label: str) -> list[dict[str, Any]]:
+def score(bundle: Path, label: str, reactions_only: bool = False) -> list[dict[str, Any]]:
+    """Every set's row for `bundle`; with `reactions_only`, only the labelled reactions' (they answer
+    from the bundle's classifier alone, so a refitted classifier needs no other set rerun)."""
     manifest = open_bundle(bundle)
     base = {
         "model": label,
@@ -202,8 +204,12 @@ def score(bundle: Path, label: str) -> list[dict[str, Any]]:
             if language not in ("en", "ko"):
                 continue
             data = chatterbot_set(language)
+            upload(client, data.replies, language)  # a set to serve from: the reactions ride on its index
+            if reactions_only:
+                rows.append({**base, "set": f"reactions-labelled-{language}", **labelled_reactions(client, language)})
+                print(json.dumps(rows[-1], ensure_ascii=False), flush=True)
+                continue
             started = time.perf_counter()
-            upload(client, data.replies, language)
             figures = reply_figures(client, data)
             rows.append({**base, "set": f"chatterbot-{language}", **figures})
             print(json.dumps(rows[-1]) + f"  ({time.perf_counter() - started:.0f}s)", flush=True)
@@ -267,12 +273,26 @@ def main() -> None:
     )
     parser.add_argument("--label", action="append", default=[], help="BUNDLE_DIR=name for the rows' model column")
     parser.add_argument("--out", type=Path, default=ROOT / "reports")
+    parser.add_argument(
+        "--reactions-only",
+        action="store_true",
+        help="rerun only the labelled reactions; they replace the same bundle's rows in OUT/ood.json",
+    )
     args = parser.parse_args()
     labels = dict(item.split("=", 1) for item in args.label)
     rows: list[dict[str, Any]] = []
     for bundle in args.bundle or [b for b in DEFAULT_BUNDLES if b.is_dir()]:
-        rows += score(bundle, labels.get(str(bundle), open_bundle(bundle).name))
+        rows += score(bundle, labels.get(str(bundle), open_bundle(bundle).name), args.reactions_only)
+    if args.reactions_only:
+        rows = merged(json.loads((args.out / "ood.json").read_text(encoding="utf-8")), rows)
     print(write_rows(rows, args.out))
+
+
+def merged(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`old` with each row that `new` measured again (same bundle checksum and set) replaced in place."""
+    fresh = {(r["checksum"], r["set"]): r for r in new}
+    rows = [fresh.pop((r["checksum"], r["set"]), r) for r in old]
+    return rows + list(fresh.values())
 
 
 def write_rows(rows: list[dict[str, Any]], out: Path) -> str:

@@ -176,10 +176,12 @@ GATES = (
         "reactions answer <= 15% of chatterbot turns (each language)",
         _candidate_rows("chatterbot-", lambda r: r["reaction_share"] <= 0.15, "reaction_share"),
     ),
+    # #48's bar: no reaction contradicts the turn. The share that fits is the value, reported, not
+    # gated: a class that takes no side ("oh I see") is a safe answer to news of either kind.
     Gate(
         "reactions_fit",
-        "the reaction fits >= 90% of our labelled utterances, and contradicts none (each language)",
-        _candidate_rows("reactions-labelled-", lambda r: r["fits"] >= 0.9 and r["contradicts"] == 0, "fits"),
+        "no reaction contradicts our labelled utterances (each language); value: the lowest share that fits",
+        _candidate_rows("reactions-labelled-", lambda r: r["contradicts"] == 0, "fits"),
     ),
     Gate("no_echo", "no served answer is a near copy of a context turn (chitchat test)", _no_echo),
     Gate("reaction_share", "about 10% of validation turns go to reactions", _reaction_share),
