@@ -38,7 +38,7 @@ from typing import Any
 import faiss
 import numpy as np
 
-from core import ann
+from core import ann, failpoints
 from core.files import fsync_dir, write_atomic
 from core.records import Candidate, from_json, to_json
 from core.text import normalize
@@ -236,6 +236,8 @@ class IndexStore:
         if not (self.path(version) / MANIFEST).is_file():
             raise FileNotFoundError(f"no committed index version {version!r}")
         history = self.history()
+        if not history and (before := self.current()) not in (None, version):
+            history = [before]  # a store from before the history: the pointer named `before` until now
         if rollback and version in history:
             history = history[: len(history) - history[::-1].index(version)]
         elif not history or history[-1] != version:
@@ -243,6 +245,7 @@ class IndexStore:
         # The history first: if the pointer's write then fails, the entry after the pointer's is ignored.
         # Two threads (a reindex, a rollback) may write at once: each writes a temporary file of its own.
         write_atomic(self.root / HISTORY, "\n".join(history[-MAX_HISTORY:]) + "\n", sync_dir=True)
+        failpoints.hit("store.pointer")
         write_atomic(self.root / POINTER, version + "\n", sync_dir=True)
 
     def history(self) -> list[str]:

@@ -219,6 +219,19 @@ async def test_a_rollback_after_an_upload_serves_what_served_before_it(admin_cli
     assert index["current"] == v2 and index["previous"] != v3
 
 
+async def test_a_store_from_before_the_history_rolls_back_its_first_upload(
+    make_client: AppFactory, own_artifacts: Path
+) -> None:
+    """A pointer with no HISTORY file beside it (a store written before there was one): the first
+    upload's history starts with the version the pointer named, so a rollback has somewhere to go."""
+    (own_artifacts / "indexes" / "HISTORY").unlink()
+    async with make_client(artifacts_dir=own_artifacts, admin_token=TOKEN) as client:
+        first = await version_of(client)
+        job = await upload(client, [{"reply": "after the upgrade", "id": "upgrade"}])
+        rolled = (await client.post("/admin/rollback", headers=AUTH)).json()
+        assert (rolled["from"], rolled["to"]) == (job["version"], first) and await version_of(client) == first
+
+
 async def test_rollback_serves_the_previous_version(admin_client: httpx.AsyncClient) -> None:
     first = await version_of(admin_client)
     job = await upload(admin_client, [{"reply": "new!", "query": "what's new?"}])
@@ -598,3 +611,20 @@ async def test_a_failed_pointer_write_loses_no_record_and_the_store_follows_the_
         assert appended["state"] == "succeeded"
         ids = {c.key for c in IndexStore(own_artifacts / "indexes").records(appended["version"])}
         assert "v2-only" in ids and "later" in ids and "v3-only" not in ids  # nothing lost, nothing phantom
+
+
+async def test_a_rollback_whose_pointer_write_fails_is_503_and_changes_nothing(
+    admin_client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#49, item 4: the volume refuses the pointer's write (ENOSPC): the rollback says so, with the
+    error shape and a status a client retries, and the version it would have left still serves."""
+    from core import failpoints
+
+    first = await version_of(admin_client)
+    job = await upload(admin_client, [{"reply": "kept", "id": "kept"}])
+    monkeypatch.setattr(failpoints, "_armed", {"store.pointer": {1}})
+    monkeypatch.setattr(failpoints, "_hits", failpoints.Counter())
+    response = await admin_client.post("/admin/rollback", headers=AUTH)
+    assert response.status_code == 503 and response.json()["error"]["kind"] == "not_ready"
+    assert await version_of(admin_client) == job["version"] != first
+    assert (await admin_client.post("/admin/rollback", headers=AUTH)).json()["to"] == first  # once the volume is back
