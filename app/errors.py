@@ -210,6 +210,14 @@ def install(app: FastAPI) -> None:
         # Only admin routes reach Redis without the serving path's guard.
         return error_response(ApiError(ErrorKind.not_ready, f"redis unavailable: {exc}"))
 
+    async def storage_error(_: Request, exc: Exception) -> JSONResponse:
+        # The artifacts volume refused a write or a read (full, read-only, gone): a fault of the
+        # machine, not of the request. The writes that reach here (a rollback's pointer) change
+        # nothing when they fail, so the client may try again once the volume is back.
+        assert isinstance(exc, OSError)
+        log.error("storage: %s", exc)
+        return error_response(ApiError(ErrorKind.not_ready, f"storage unavailable: {exc.strerror or exc}"))
+
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error", exc_info=exc)
         return error_response(ApiError(ErrorKind.internal, "internal error"))
@@ -223,4 +231,5 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(UploadError, upload_error)
     app.add_exception_handler(SetLimit, set_limit)
     app.add_exception_handler(RedisError, redis_error)
+    app.add_exception_handler(OSError, storage_error)
     app.add_exception_handler(Exception, unexpected)
