@@ -2,7 +2,7 @@
 
     python -m bench.chaos                      # every scenario -> reports/chaos.md, reports/chaos.json
     python -m bench.chaos --soak-minutes 10    # ... with the issue's 10-minute soak (about 20 minutes in all)
-    python -m bench.chaos --only 1,3,11,16,19,22 --quick --sample 2000 --out /tmp/chaos-quick  # CI (`make chaos-quick`)
+    python -m bench.chaos --only 1,3,11,16,19,22,23,24,25,26 --quick --sample 2000 --out /tmp/chaos-quick  # CI
 
 Each scenario starts what it needs (a redis-server on a free port, the
 service on the release bundle and a private copy of its index, the load
@@ -13,6 +13,10 @@ service (7, 9, 12, 13) share one service and one Redis.
 Scenarios 16-21 run three service processes on three ports, sharing one
 Redis and one artifacts folder, as replicas behind a load balancer do; 22
 runs one process, then three replicas.
+
+Scenarios 23-26 (bench/chaos/admission.py) are #49's: unauthenticated admin
+bodies and fresh exclude_ids beside load, a pointer write that fails (a
+failpoint, core/failpoints.py) and rollback, upload, rollback on three replicas.
 
 Scenario 22 serves two sets, each with its own shipped encoder: it needs two
 bundles under the services' CHITCHAT_ENCODERS_DIR (default models/release/),
@@ -31,7 +35,7 @@ index (CI) everything runs on a sample encoded from the chitchat corpus.
 
 The default soak is 3 minutes with a reindex every 45 s, not the issue's 10
 with one every 2 minutes (--soak-minutes 10); its row says which it ran.
-Estimated on 2 cores: about 18 minutes for all scenarios, 4.5 for the CI subset.
+Estimated on 2 cores: about 21 minutes for all scenarios, 6.5 for the CI subset.
 """
 
 from __future__ import annotations
@@ -50,14 +54,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.chaos import encoders, load_faults, redis_faults, reindex_faults, replicas, security, sessions
+from bench.chaos import admission, encoders, load_faults, redis_faults, reindex_faults, replicas, security, sessions
 from bench.chaos.context import QUICK, Context, Durations
 from bench.chaos.harness import link_or_copy
 from core.bundle import RELEASE_BUNDLE, BundleManifest, open_bundle
 
 Scenario = tuple[str, str, Callable[[Context], dict[str, Any]]]
 # These reindex: they serve the sampled index (see the docstring).
-ON_SAMPLE = frozenset({3, 4, 8, 15, 16, 17, 18, 20, 22})
+ON_SAMPLE = frozenset({3, 4, 8, 15, 16, 17, 18, 20, 22, 24, 25, 26})
 SCENARIOS: dict[int, Scenario] = {
     1: (
         "Redis kill -9 under mixed load, restarted later",
@@ -157,6 +161,28 @@ SCENARIOS: dict[int, Scenario] = {
         "0 5xx; every answer's ids from the asked set, which it echoes with its version; /info names each "
         "set's encoder on every replica; >= 98% of probes found (n/a with one encoder shipped)",
         encoders.two_sets_two_encoders,
+    ),
+    23: (
+        "8 clients posting 32 MiB admin bodies with no token, without pause, beside /reply load",
+        "each refused unread (401, 429 or the connection closed); RSS peak <= +64 MB; 0 5xx; "
+        "the others' p99 <= 2x their own alone",
+        admission.unauthenticated_bodies,
+    ),
+    24: (
+        "4 clients: /reply with a selective filter and 256 fresh exclude_ids each, beside /reply load",
+        "0 5xx; the others' p99 <= 2x their own alone",
+        admission.fresh_exclude_ids,
+    ),
+    25: (
+        "3 replicas under load: the pointer write fails (ENOSPC) in a reindex, then in a rollback",
+        "both say they failed; every replica serves what it served; after a restart the store is the version "
+        "it names; the next upload loses no record; 0 5xx",
+        admission.failed_pointer_writes,
+    ),
+    26: (
+        "3 replicas under load: upload, rollback, upload, rollback",
+        "the second rollback serves what served before the second upload, not the version rolled back from",
+        admission.rollback_upload_rollback,
     ),
 }
 

@@ -47,6 +47,7 @@ class Durations:
     replica_upload: int = 20_000  # scenario 16's new candidates: a job long enough to start a replica into
     maxmemory_load: float = 60  # scenario 20's window
     encoders_load: float = 30  # scenario 22's load, once on one process and once on three replicas
+    admission_load: float = 20  # 23's and 24's load, alone and then attacked; 25's and 26's is 3x this
 
     @property
     def soak_reindex_every(self) -> float:
@@ -71,6 +72,7 @@ QUICK = Durations(
     replica_upload=10_000,
     maxmemory_load=20,
     encoders_load=10,
+    admission_load=8,
 )
 
 
