@@ -13,22 +13,17 @@ export TRANSFORMERS_OFFLINE := 1
 
 PIP_INSTALL := $(PY) -m pip install --quiet --disable-pip-version-check $(if $(WHEELS),--find-links $(WHEELS))
 
-PROFILE ?= full
 # The default encoder's candidate: multilingual-e5-small with the tracked tuned layers, its
 # vocabulary cut to English and Korean (`make train-e5`); `make release` promotes it into models/release/e5.
 STUDENT := artifacts/bundles/multilingual-e5-chitchat-en-ko-int8
 # MiniLM with trained Korean rows (`make train-script`): the default before, shipped at models/release/minilm.
 SCRIPT_STUDENT := artifacts/bundles/script-student-int8
-# The 9-layer e5 student of the CPU recipe (`make train`), built and gated, not released.
-E5_STUDENT := artifacts/bundles/e5-student-l9-int8
 JUDGE   := artifacts/bundles/minilm-l6-zeroshot-int8
 ZEROSHOT_E5 := artifacts/bundles/multilingual-e5-small-int8
-# The English-only MiniLM student that served before the script student (`make train-minilm`).
-MINILM_STUDENT := artifacts/bundles/chitchat-student-l3-int8
 
-.PHONY: help install install-train install-test install-dev run serve index train train-e5 train-script train-minilm eval ood release judge \
-	baselines pack train-live multilingual multilingual-tune multilingual-release bench-encoders bench-lexical run-multilingual test test-service test-training \
-	lint format typecheck pytest lock bench bench-profile bench-load bench-precision bench-ann bench-filters bench-cache bench-narrow bench-exact-query bench-reaction-share bench-rerank bench-reindex bench-first-run chaos clean \
+.PHONY: help install install-train install-test install-dev run serve index train-e5 train-script eval ood release judge \
+	baselines pack multilingual multilingual-tune multilingual-release bench-encoders bench-lexical run-multilingual test test-service test-training \
+	lint format typecheck pytest lock bench bench-profile bench-load bench-precision bench-ann bench-filters bench-cache bench-narrow bench-exact-query bench-reaction-share bench-reindex bench-first-run chaos clean \
 	docker
 
 help:
@@ -110,17 +105,6 @@ baselines: judge $(VENV)/.multilingual
 	$(PY) -m models.multilingual --zero-shot --if-missing
 	$(PY) -m models.multilingual --if-missing
 
-# The e5 student's run (built and gated, not released), each stage resumable (rerun to
-# continue): the teacher (e5-small's top 6 layers tuned on chitchat and our Korean, 240 steps,
-# ~55 min on 2 CPU cores), the 9-layer student distilled from it and from MiniLM
-# (models/e5_student.py), its index, its calibration, `make eval`.
-train: baselines  ## teacher -> student -> index -> calibrate -> eval (DEVICE=cuda to train on a GPU)
-	$(PY) -m models.multilingual_tune --steps 240 $(if $(DEVICE),--device $(DEVICE))
-	$(PY) -m models.e5_student $(if $(DEVICE),--device $(DEVICE))
-	$(PY) -m index --if-missing --bundle $(E5_STUDENT)
-	$(PY) -m models.calibrate --bundle $(E5_STUDENT) --judge $(JUDGE)
-	$(MAKE) eval STUDENT=$(E5_STUDENT)
-
 # The default encoder's recipe: the tracked tuned layers over the package's weights, the vocabulary
 # cut to English and Korean (models/multilingual.py --trim), the reaction classifier, then its index,
 # calibration and eval. No training here: `make multilingual-tune` makes the layers.
@@ -138,24 +122,9 @@ train-script: pack judge  ## MiniLM + trained Korean rows -> int8 bundle -> inde
 	$(PY) -m models.calibrate --bundle $(SCRIPT_STUDENT) --judge $(JUDGE)
 	$(MAKE) eval STUDENT=$(SCRIPT_STUDENT)
 
-# The same student with both teachers running beside it (models/live_student.py): made for a
-# lent GPU, where a teacher tune and 500-750 student steps take 3-4 minutes; on 2 CPU cores a step
-# takes ~30 s. The pack is everything such a machine needs (~56 MiB). STEPS bounds the student's
-# steps, BUDGET_S the seconds it may take (the total shrinks to fit, models/loop.py).
-LIVE_LAYERS ?= 0,1,2,3,5,7,9,10,11
-pack: $(VENV)/.multilingual  ## texts, trimmed tokenizer and both teachers' weights in one folder -> artifacts/pack
+# What the MiniLM recipe reads (models/pack.py): texts, e5's trimmed rows and tokenizer, MiniLM's weights.
+pack: $(VENV)/.multilingual  ## the MiniLM recipe's texts and weights in one folder -> artifacts/pack
 	$(PY) -m models.pack
-
-train-live: pack  ## teacher tune + student with live teachers (DEVICE=cuda STEPS=n BUDGET_S=s) -> int8 bundle
-	$(PY) -m models.live_student --tune-teacher --student $(LIVE_LAYERS)$(if $(BUDGET_S),:$(BUDGET_S)) \
-		$(if $(STEPS),--steps $(STEPS)) $(if $(DEVICE),--device $(DEVICE))
-	$(PY) -m models.live_export --layers $(LIVE_LAYERS) --teacher-out artifacts/live-teacher
-
-# The English-only MiniLM pipeline that made the release before (teacher, 3-layer student, poly head).
-train-minilm: judge  ## train -> index -> calibrate the MiniLM student (PROFILE=full|quick)
-	$(PY) -m models.train --profile $(PROFILE)
-	$(PY) -m index --if-missing --bundle $(MINILM_STUDENT)
-	$(PY) -m models.calibrate --bundle $(MINILM_STUDENT) --judge $(JUDGE)
 
 eval: judge  ## 1-of-100 report on held-out conversations -> reports/eval.{md,json}, reports/reliability.png
 	$(PY) -m models.export --fp32 --name minilm-l6-zeroshot-fp32 --if-missing
@@ -261,9 +230,6 @@ chaos: install-dev index  ## faults, overload and hostile input -> reports/chaos
 .PHONY: chaos-quick
 chaos-quick: install-dev  ## the CI subset of make chaos -> /tmp/chaos-quick/chaos.{md,json}
 	$(PY) -m bench.chaos --only 1,3,11,16,19,22,23,24,25,26 --quick --sample 2000 --correctness-only --out /tmp/chaos-quick
-
-bench-rerank: index  ## p50 the poly rerank step adds
-	$(PY) -m bench.rerank
 
 bench-reindex: index  ## live reindex of ~100k candidates: duration and /reply p99 during it (needs Redis)
 	$(PY) -m bench.reindex

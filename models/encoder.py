@@ -4,21 +4,12 @@ what was trained and evaluated."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import BertConfig, BertModel
-
-
-@dataclass
-class EncoderSpec:
-    model_id: str  # where the body came from, for the manifest
-    dim: int
-    num_layers: int
-    tokenizer_path: Path
 
 
 def minilm_path() -> Path:
@@ -47,8 +38,8 @@ class DualEncoder(nn.Module):
         self.body = body
         self.context_head: nn.Linear | None = None
         self.reply_head: nn.Linear | None = None
-        # A poly head (models/poly.py) over the context's token outputs; when
-        # set, forward() and the exported graph also return its m vectors.
+        # A poly head over the context's token outputs (no shipped recipe trains one: docs/experiments.md);
+        # when set, forward() and the exported graph also return its m vectors.
         self.poly_head: nn.Module | None = None
 
     @property

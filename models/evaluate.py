@@ -1,7 +1,7 @@
 """`make eval`: every bundle on 1-of-100 test-split response selection, then
 the served bundle's walk, confidence and reactions, into reports/.
 
-    python -m models.evaluate [--bundle artifacts/bundles/chitchat-student-l3-int8]
+    python -m models.evaluate [--bundle artifacts/bundles/multilingual-e5-chitchat-en-ko-int8]
 
 Each table is a module of `models/tables/`. Every bundle's manifest gets its
 figures (the files and the checksum do not change); the served bundle's
@@ -29,7 +29,8 @@ from models.tables import retrieval, sources
 from models.walk import replay
 from models.walk import sources as walk_sources
 
-STUDENT = Path("artifacts/bundles/chitchat-student-l3-int8")
+# The default encoder's candidate (`make train-e5`); the release itself where none is built.
+STUDENT = Path("artifacts/bundles/multilingual-e5-chitchat-en-ko-int8")
 RELIABILITY_PLOT = "reliability.png"
 
 

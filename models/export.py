@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,6 +35,7 @@ from core.bundle import (
 )
 from core.encoder import OUTPUT_NAMES, POLY_OUTPUT, Encoder
 from core.files import staged_dir
+from models.dataset import TrainPairs
 from models.encoder import DualEncoder, load_pretrained, minilm_path
 from models.fusion import fuse_bert
 from models.reactions import ReactionModel
@@ -138,7 +140,7 @@ def _quantize(fp32_path: Path, int8_path: Path, keep_fp32: list[str], reduce_ran
         # 7-bit weights. Without VNNI (AVX2 only, e.g. AMD Zen 3), onnxruntime's u8 x s8
         # kernel sums pairs of products into int16, which saturates on large activations.
         # Multilingual e5 on such a CPU: parity min 0.976 -> 0.985; Korean through the API
-        # R@1 0.206 -> 0.222, R@10 0.475 -> 0.497 (bench.multilingual, `--eight-bit` builds).
+        # R@1 0.206 -> 0.222, R@10 0.475 -> 0.497 (`git show 6cf5d79:bench/multilingual.py`, `--eight-bit` builds).
         # onnxruntime's own guidance for non-VNNI CPUs; a CPU with VNNI loses one bit.
         reduce_range=reduce_range,
         nodes_to_exclude=keep_fp32,
@@ -300,3 +302,21 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def export_with_reactions(
+    model: DualEncoder, config: ExportConfig, bundles: Path, korean_replies: list[str], english: TrainPairs
+) -> tuple[Path, dict[str, Any]]:
+    """The int8 bundle, parity-gated on English turns and 64 of `korean_replies`, with the
+    reaction classifier fitted on `english`; returns it and the classifier's figures."""
+    from models.reactions import train_class_reactions
+
+    rng = np.random.default_rng(13)
+    korean = [korean_replies[i] for i in rng.choice(len(korean_replies), 64, replace=False)]
+    # Short enough that no text is cut: the reference does not cut as the served encoder does (after the prefix).
+    parity = [t for t in parity_sample() if len(t) <= 200] + korean
+    bundle = export_bundle(model, config, bundles, parity)
+    # The reaction classifier learns from the vectors the bundle serves: int8, through onnxruntime.
+    reactions, stats = train_class_reactions(Encoder(bundle, read_manifest(bundle)), english)
+    add_reactions(bundle, reactions)
+    return bundle, stats

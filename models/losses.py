@@ -26,20 +26,3 @@ def both_ways_in_batch_negatives(context: torch.Tensor, reply: torch.Tensor, sca
     contexts it wrongly wins; both ways, it is a wrong answer for its own row too.
     """
     return (in_batch_negatives(context, reply, scale) + in_batch_negatives(reply, context, scale)) / 2
-
-
-def score_distillation(student_scores: torch.Tensor, teacher_scores: torch.Tensor, scale: float) -> torch.Tensor:
-    """KL from the teacher's in-batch score distribution to the student's.
-
-    Both [B, B] cosines of every context against every reply in the batch.
-    Matching the whole distribution passes on which negatives the teacher
-    finds close, not only which reply is right.
-    """
-    student = F.log_softmax(scale * student_scores, dim=-1)  # [B, B]
-    teacher = F.log_softmax(scale * teacher_scores, dim=-1)  # [B, B]
-    return F.kl_div(student, teacher, log_target=True, reduction="batchmean")
-
-
-def embedding_distillation(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
-    """1 - cosine, averaged: student [B, D] towards teacher [B, D], both unit."""
-    return (1 - (student * teacher).sum(dim=-1)).mean()

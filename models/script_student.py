@@ -5,7 +5,7 @@
     python -m models.script_student --work DIR --rows-from models/release/minilm --export [--fp32] [--fuse]
         # the shipped rows, re-exported under another graph or precision, without the training run
 
-Run 3 and run 4 (docs/training.md) found that a student reading one
+Run 3 and run 4 (docs/experiments.md) found that a student reading one
 multilingual tokenizer ranks English replies it never saw far below
 all-MiniLM-L6-v2. This student keeps MiniLM whole: its WordPiece vocabulary,
 its embedding rows and its six layers, all frozen. The vocabulary gains one
@@ -21,7 +21,7 @@ stripping accents); the tokenizer recomposes them (NFC) after it, which
 changes nothing that is left of a Latin text.
 
 Only the new rows train. They start as e5's rows of the same pieces through a
-least-squares map between the two embedding tables (models/mapped_student.py
+least-squares map between the two embedding tables (models/align.py
 fits it on the words both vocabularies spell alike). The targets are e5's
 vectors of Korean text turned into MiniLM's space by the orthogonal map that
 best carries e5's vectors of English text onto MiniLM's (a rotation keeps
@@ -54,16 +54,15 @@ from torch import nn
 from transformers import BertModel
 
 from index.corpus import load_conversations, split_summary
+from models.align import fit_map, procrustes, shared_words
 from models.batches import Tokenise
 from models.dataset import TrainPairs
-from models.e5_student import export_student
 from models.encoder import load_pretrained, mean_pool
-from models.export import ExportConfig
-from models.live_student import WORD_EMBEDDINGS, Pack, procrustes
+from models.export import ExportConfig, export_with_reactions
+from models.hardware import hardware
+from models.judge import encode_all, judge, pooled
 from models.loop import run_steps
-from models.mapped_student import ENGLISH_POOLS, encode_all, fit_map, judge, pooled, shared_words
-from models.pack import MINILM_DIR, STUDENT_TOKENIZER
-from models.train import hardware
+from models.pack import MINILM_DIR, STUDENT_TOKENIZER, WORD_EMBEDDINGS, Pack
 from models.written_korean import TRANSLATED
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -71,6 +70,7 @@ ROWS_FILE = "korean_rows.npy"
 WORD_TABLE = f"body.{WORD_EMBEDDINGS}"  # the ONNX initializer's name, as torch exports it
 HANGUL = re.compile(r"[\u1100-\u11ff\u3130-\u318f\uac00-\ud7a3]")
 KOREAN_POOLS = ("ko-chat", "ko-prose")
+ENGLISH_POOLS = ("en-chat", "en-gloss", "en-prose")
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class ScriptConfig:
     # Where a Korean text is our translation of a chitchat train turn (about half of them), its
     # target is MiniLM's own vector of the English original rather than e5's vector rotated into
     # MiniLM's space (a loose fit, mean cosine 0.46): the rows learn to read Korean as MiniLM
-    # reads English. Off, as the release was trained (run 5); run 6 tried it (docs/training.md).
+    # reads English. Off, as the release was trained (run 5); run 6 tried it (docs/experiments.md).
     translation_targets: bool = False
 
 
@@ -345,7 +345,7 @@ def export(pack: Pack, work: Path, bundles: Path, name: str, quantize: bool = Tr
     Unfused by default, as the zero-shot MiniLM bundle is built: then an English text gets the
     same int8 vector from both, and the English gates against zero-shot MiniLM read exactly 0.
     `fuse` buys about 10% of a query on an AMD EPYC without VNNI (`bench.precision`, docs/
-    training.md) at a mean cosine of 0.996 to the unfused build, so English would drift a little.
+    benchmarks.md) at a mean cosine of 0.996 to the unfused build, so English would drift a little.
     """
     record = json.loads((work / "run.json").read_text())
     model = load_pretrained()
@@ -370,7 +370,7 @@ def export(pack: Pack, work: Path, bundles: Path, name: str, quantize: bool = Tr
         servable=quantize,
     )
     english = TrainPairs(pack.texts.english_minilm_contexts, pack.texts.english_replies)
-    bundle, stats = export_student(model, config, bundles, pack.texts.korean_replies, english)
+    bundle, stats = export_with_reactions(model, config, bundles, pack.texts.korean_replies, english)
     print(f"[script-student] {bundle}: reactions {stats}", flush=True)
     return bundle
 

@@ -121,11 +121,11 @@ def test_the_rules_see_every_kind_of_import(tmp_path: Path) -> None:
         "from ..routes import health\n"
         "from .. import deps\n"
         "def lazy():\n"
-        "    from models.train import main\n"
+        "    from models.multilingual import main\n"
     )
     found = offending("app/engine", ("core", "app.engine", "app.config", "index"), root=tmp_path)
     assert sorted(found) == sorted(
-        f"app/engine/mod.py: {m}" for m in ("torch", "app.routes", "app.deps", "models.train")
+        f"app/engine/mod.py: {m}" for m in ("torch", "app.routes", "app.deps", "models.multilingual")
     )
     assert not _public("app.engine.runtime", "Runtime")
     assert not _public("app.engine", "runtime")

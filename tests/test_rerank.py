@@ -21,23 +21,23 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.mark.training
-def test_numpy_rerank_computes_what_the_torch_head_trained() -> None:
+def test_numpy_rerank_computes_the_poly_encoders_score() -> None:
+    """Against the poly-encoder's score (Humeau et al. 2020) written in torch: each reply attends over
+    the m context vectors, and its cosine to what it attended to is mixed with the bi-encoder's."""
     import torch
-
-    from models import poly
+    import torch.nn.functional as F
 
     rng = np.random.default_rng(0)
     vectors = rng.normal(size=(4, 8)).astype(np.float32)  # [m, D]
     replies = rng.normal(size=(6, 8)).astype(np.float32)  # [K, D]
     replies /= np.linalg.norm(replies, axis=1, keepdims=True)
     bi = rng.uniform(-1, 1, size=6).astype(np.float32)  # [K]
-    head = poly.PolyHead(8, 4)
-    with torch.no_grad():
-        head.mix.fill_(0.3)
-        expected = poly.rescore(
-            head, torch.from_numpy(bi)[None], torch.from_numpy(vectors)[None], torch.from_numpy(replies)[None]
-        )[0]  # [K]
-    served = PolyReranker(PolySpec(codes=4, weight=float(head.weight.detach()))).rescore(vectors, bi, replies)
+    weight = float(torch.sigmoid(torch.tensor(0.3)))
+    v, r = torch.from_numpy(vectors), torch.from_numpy(replies)
+    attention = (r @ v.T).softmax(dim=-1)  # [K, m]
+    poly = (F.normalize(attention @ v, dim=-1) * r).sum(dim=-1)  # [K]
+    expected = (1 - weight) * torch.from_numpy(bi) + weight * poly  # [K]
+    served = PolyReranker(PolySpec(codes=4, weight=weight)).rescore(vectors, bi, replies)
     np.testing.assert_allclose(served, expected.numpy(), atol=1e-5)
 
 

@@ -9,7 +9,7 @@ The graph is the smallest that keeps the contract `core.encoder` serves:
       -> (with a poly head) m codes attend over the unpadded
          tokens -> MatMul + Add                              poly_vectors [B, m, H]
 
-as `models.encoder.DualEncoder` and `models.poly.PolyHead` export it (both sides
+as `models.encoder.DualEncoder` exports it, with the poly head the service reads (both sides
 the same vector, as a zero-shot bundle's are). A numpy twin of the graph
 checks each build, as `models.export` checks an export against torch, and the
 result goes in the manifest's `parity`. The tokenizer is a lower-casing

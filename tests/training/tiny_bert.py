@@ -12,7 +12,7 @@ from transformers import BertConfig, BertModel
 from core.bundle import TOKENIZER_FILE
 from models.e5_weights import BertShape, E5Weights
 from models.encoder import minilm_path
-from models.multilingual import EXTRA, PARALLEL
+from models.parallel import EXTRA, PARALLEL
 
 TEXTS = [*PARALLEL["en"], *PARALLEL["ko"][:3], *EXTRA[-4:]]
 

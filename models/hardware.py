@@ -1,0 +1,26 @@
+"""What a training run ran on, for its record: the device, the CPU's model and cores, torch's threads."""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def cpu_name() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    for line in cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def hardware(device: str) -> dict[str, Any]:
+    info: dict[str, Any] = {"device": device, "cpu": cpu_name(), "cores": os.cpu_count()}
+    info["torch_threads"] = torch.get_num_threads()
+    if device.startswith("cuda") and torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
