@@ -25,7 +25,7 @@ _armed: dict[str, set[int]] | None = None
 
 
 def _parse(raw: str) -> dict[str, set[int]]:
-    """"a=1,2;b=3" -> {"a": {1, 2}, "b": {3}}."""
+    """Reads "a=1,2;b=3" as {"a": {1, 2}, "b": {3}}."""
     armed: dict[str, set[int]] = {}
     for item in filter(None, (part.strip() for part in raw.split(";"))):
         name, _, hits = item.partition("=")

@@ -115,14 +115,14 @@ def admin_credentials(ctx: Context) -> dict[str, Any]:
             )
             for method, path, body in ADMIN_ROUTES
         ]
-    source = (ROOT / "app" / "routes" / "admin.py").read_text()
+    source = (ROOT / "app" / "auth.py").read_text()  # the one check every admin route and AdminGate use
     return {
         "refused": f"{refused}/{tried}",
         # Measured over HTTP on loopback: the round trip's jitter (tens of µs) is far above what a
         # byte-by-byte comparison of a short token would leak (ns), so these figures can show a gross
         # leak only. Constant time itself holds by construction, as the next field says.
         "refusal_timing": timings,
-        "comparison": "by construction: hmac.compare_digest, see app/routes/admin.py (require_admin)",
+        "comparison": "by construction: hmac.compare_digest, see app/auth.py",
         "compare_digest_in_source": "hmac.compare_digest" in source,
         "no_token_configured": f"{sum(r.status_code == 401 for r in off)}/{len(off)} refused: "
         f"{off[0].json().get('error', {}).get('message')}",
