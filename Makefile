@@ -220,7 +220,7 @@ bench-exact-query: install index  ## answers with the last turn encoded only on 
 bench-reaction-share: install index  ## where the reaction share starts on a new candidate set -> reports/reaction_share.{md,json}
 	$(PY) -m bench.reaction_share
 
-chaos: install-dev index  ## faults, overload and hostile input -> reports/chaos.{md,json} (about 19 min)
+chaos: install-dev index  ## faults, overload and hostile input -> reports/chaos.{md,json} (about 26 min)
 	$(PY) -m bench.chaos
 
 # What .ci/run runs after `make test`: scenarios 1, 3 and 11, the replica scenarios 16 and 19 (3 processes), and

@@ -8,11 +8,13 @@ on one Redis and one artifacts folder, with load on all three throughout.
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -48,7 +50,9 @@ def _under_attack(
     """The others' load alone, then again with `attackers` threads running `send` in a loop; RSS sampled."""
     seconds = ctx.durations.admission_load
     alone = ctx.work / f"{name}-alone.jsonl"
+    cpu = [_cpu_s(service)]
     traffic(service.url, alone, seconds=seconds, clients=4, tag=f"{name}a").wait()
+    cpu.append(_cpu_s(service))
     rss = [service.status()["rss_kb"]]
     stop, attacks = threading.Event(), []  # type: ignore[var-annotated]
     threads = [threading.Thread(target=_attack, args=(stop, send, attacks)) for _ in range(attackers)]
@@ -62,7 +66,9 @@ def _under_attack(
         t.start()
     attacked = ctx.work / f"{name}-attacked.jsonl"
     try:
+        cpu.append(_cpu_s(service))
         traffic(service.url, attacked, seconds=seconds, clients=4, tag=f"{name}b").wait()
+        cpu.append(_cpu_s(service))
     finally:
         stop.set()
         for t in threads:
@@ -81,7 +87,17 @@ def _under_attack(
         "attack_5xx": sum(isinstance(a["status"], int) and a["status"] >= 500 for a in attacks),
         "rss_mb": [round(rss[0] / 1024, 1), round(max(rss) / 1024, 1)],  # before the attack, its peak
         "rss_growth_mb": round((max(rss) - rss[0]) / 1024, 1),
+        # The service's own CPU seconds a second of the window, alone and attacked: on 2 cores the
+        # attackers' client competes for the same cores, and this tells its cost from the service's.
+        "service_cpu_s_per_s": [round((cpu[1] - cpu[0]) / seconds, 2), round((cpu[3] - cpu[2]) / seconds, 2)],
     }
+
+
+def _cpu_s(service: Service) -> float:
+    """User and system CPU seconds the service's process has used (/proc/PID/stat)."""
+    assert service.process is not None
+    fields = Path(f"/proc/{service.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def unauthenticated_bodies(ctx: Context) -> dict[str, Any]:
