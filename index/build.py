@@ -12,7 +12,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -26,6 +26,7 @@ from core.records import Candidate
 from core.store import QUERY_INDEX, REACTION_INDEX, REPLY_INDEX, IndexManifest, IndexStore, Tables
 from core.text import normalize
 from index.confidence import quantiles, stored_reply_confidences
+from index.encode_cache import EncodeCache
 
 SELF_RETRIEVAL_SAMPLE = 200
 # A stored reply must find itself. A broken index (misaligned rows, wrong
@@ -134,6 +135,8 @@ class Encoded:
     rows: dict[str, int]  # text -> its row in both arrays
     context: np.ndarray  # [U, D] as a stored query (the context side)
     reply: np.ndarray  # [U, D] as a stored reply
+    chunks: list[list[str]] = field(default_factory=list)  # the plan's chunks, as the cache keys them
+    from_cache: int = 0  # texts whose chunk an interrupted build had already encoded
 
 
 def encode_missing(
@@ -143,6 +146,7 @@ def encode_missing(
     chunk: int = 1024,
     progress: bool = True,
     on_fraction: Callable[[float], None] = lambda fraction: None,
+    cache: EncodeCache | None = None,
 ) -> Encoded:
     missing = [x for x in t.reply_texts if x not in known.reply_rows]
     missing += [x for x in t.query_texts if x not in known.query_rows]
@@ -151,13 +155,23 @@ def encode_missing(
     reply = np.empty_like(context)  # [U, D]
     order = np.argsort([len(x) for x in texts], kind="stable")
     bar = tqdm(total=len(texts), desc="encode", unit="text", disable=not progress, file=sys.stderr)
+    chunks, from_cache = [], 0
     for start in range(0, len(texts), chunk):
         rows = order[start : start + chunk]  # length-sorted chunks batch with little padding
-        context[rows], reply[rows] = encoder.encode_both([texts[i] for i in rows])
+        batch = [texts[i] for i in rows]
+        chunks.append(batch)
+        done = cache.get(batch) if cache else None
+        if done is None:
+            done = encoder.encode_both(batch)
+            if cache:
+                cache.put(batch, *done)
+        else:
+            from_cache += len(batch)
+        context[rows], reply[rows] = done
         bar.update(len(rows))
         on_fraction(min(1.0, (start + chunk) / len(texts)))
     bar.close()
-    return Encoded({text: i for i, text in enumerate(texts)}, context, reply)
+    return Encoded({text: i for i, text in enumerate(texts)}, context, reply, chunks, from_cache)
 
 
 def self_retrieval(index: faiss.Index, vectors: np.ndarray, seed: int = 0) -> float:
@@ -203,11 +217,14 @@ def build_version(
     progress: bool = True,
     on_progress: Callable[[str, float], None] = lambda stage, fraction: None,
     reuse: bool = True,
+    cache: EncodeCache | None = None,
 ) -> IndexManifest:
     """Builds, validates and commits a new version. Does not make it current.
 
     With reuse, texts already embedded by the newest version built with the
-    same bundle are not encoded again."""
+    same bundle are not encoded again. With `cache`, each encoded chunk is kept
+    on disk until the version commits: a build killed halfway and run again
+    encodes only the chunks it had not finished."""
     started = time.perf_counter()
     t = tables(candidates)
     if not t.reply_texts:
@@ -215,10 +232,13 @@ def build_version(
     on_progress("encode", 0.0)
     previous = store.latest_for(bundle_checksum) if reuse else None
     known = KnownVectors.load(store, previous) if previous else KnownVectors.empty()
-    fresh = encode_missing(encoder, t, known, progress=progress, on_fraction=lambda f: on_progress("encode", f))
+    fresh = encode_missing(
+        encoder, t, known, progress=progress, on_fraction=lambda f: on_progress("encode", f), cache=cache
+    )
+    chunks, from_cache = fresh.chunks, fresh.from_cache
     staging = store.stage()
     try:
-        return _index_and_commit(
+        manifest = _index_and_commit(
             t,
             candidates,
             known,
@@ -234,6 +254,11 @@ def build_version(
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    if cache:
+        cache.forget(chunks)
+    if from_cache:
+        print(f"[index] {from_cache} texts from chunks an interrupted build had encoded", file=sys.stderr)
+    return manifest
 
 
 # An append that brings under this share of new texts keeps the earlier version's starting

@@ -33,6 +33,7 @@ from app.engine.versions import prune
 from core.records import Candidate
 from index.build import build_version
 from index.candidates import RECORD_LINES, CandidateStore, apply, duplicates
+from index.encode_cache import EncodeCache
 
 log = logging.getLogger(__name__)
 
@@ -175,9 +176,11 @@ class Reindexer:
                 encoder,
                 model.bundle.checksum,
                 target.store,
-                source=f"admin:{job.mode}",
+                source=str(job.report.get("source", f"admin:{job.mode}")),
                 progress=False,
                 on_progress=lambda stage, fraction: self._progress(job, stage, fraction),
+                # A job killed halfway and submitted again encodes only the chunks it had not finished.
+                cache=EncodeCache(self.runtime.settings.artifacts_dir / "cache" / "encode", model.bundle.checksum),
             )
         job.version = manifest.version
         job.counts.update(replies=manifest.replies, queries=manifest.queries, encoded=manifest.encoded)
