@@ -21,7 +21,7 @@ SCRIPT_STUDENT := artifacts/bundles/script-student-int8
 JUDGE   := artifacts/bundles/minilm-l6-zeroshot-int8
 ZEROSHOT_E5 := artifacts/bundles/multilingual-e5-small-int8
 
-.PHONY: help install install-train install-test install-dev run serve index train-e5 train-script eval ood release judge \
+.PHONY: help install install-train install-test install-dev run serve index first-slice train-e5 train-script eval ood release judge \
 	baselines pack multilingual multilingual-tune multilingual-release bench-encoders bench-lexical run-multilingual test test-service test-training \
 	lint format typecheck pytest lock bench bench-profile bench-load bench-precision bench-ann bench-filters bench-cache bench-narrow bench-exact-query bench-reaction-share bench-reindex bench-first-run chaos clean \
 	docker
@@ -72,7 +72,12 @@ serve:  ## run the service on what is built
 	$(VENV)/bin/uvicorn app.main:create_app --factory --host $(HOST) --port $(PORT) --no-access-log \
 		--timeout-graceful-shutdown 20
 
-run: index serve  ## fresh clone -> the release bundle serving on :8000 (no Redis needed)
+# A fresh clone serves a first slice of the candidates within a minute; the service builds the rest
+# behind it and swaps it in (index/first_slice.py, app/first_build.py). A later start finds it built.
+first-slice: install
+	$(PY) -m index --if-missing --first-slice
+
+run: first-slice serve  ## fresh clone -> the release bundle serving on :8000 (no Redis needed)
 
 MULTILINGUAL := artifacts/bundles/multilingual-e5-chitchat-int8
 RELEASE_DIR := models/release/e5
@@ -235,7 +240,7 @@ bench-reindex: index  ## live reindex of ~100k candidates: duration and /reply p
 	$(PY) -m bench.reindex
 	$(PY) -m bench.reindex --fresh
 
-bench-first-run:  ## fresh clone -> `make run` -> /readyz 200, timed (needs network for pip)
+bench-first-run:  ## fresh clone -> install, first slice, first answer, full index serving, timed -> reports/first_run.json
 	python3 -m bench.first_run
 
 docker:  ## build the image (needs a Docker engine)

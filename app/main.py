@@ -14,7 +14,7 @@ from types import FrameType
 import anyio.to_thread
 from fastapi import FastAPI
 
-from app import errors, logs
+from app import errors, first_build, logs
 from app.admin import build_admin
 from app.config import Settings, get_settings
 from app.engine import replicas
@@ -22,6 +22,7 @@ from app.engine.runtime import build_runtime
 from app.limits import AdminGate, Admission, AdmissionLimit, BodySizeLimit
 from app.metrics import Metrics
 from app.routes import admin, demo, health, metrics, reply, similar
+from index.first_slice import owed
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,10 @@ async def _load(app: FastAPI, settings: Settings) -> None:
     app.state.runtime = runtime
     follower = replicas.Follower(runtime, settings.index_poll_s)
     app.state.followers = [asyncio.create_task(follower.run(), name="follow-index-pointer")]
+    if owed(settings.indexes_root) is not None:  # a first slice serves: build the rest behind it
+        app.state.first_build = first_build.Progress()
+        builder = first_build.complete(app.state.admin, app.state.first_build)
+        app.state.followers.append(asyncio.create_task(builder, name="first-build"))
     if settings.redis_url:
         listener = replicas.listen(follower, settings.redis_url, app.state.admin.origin)
         app.state.followers.append(asyncio.create_task(listener, name="index-updates"))

@@ -298,3 +298,6 @@ class Info(BaseModel):
     model: dict[str, object]
     index: dict[str, object]
     redis: Literal["up", "down", "disabled"]
+    # While the default set serves a first slice (`make run` on a fresh clone): the full build behind
+    # it, its replies indexed of the total and the seconds left at the current rate. Absent otherwise.
+    first_build: dict[str, object] | None = None

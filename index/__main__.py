@@ -3,6 +3,7 @@
     python -m index                   # chitchat train split, the release bundle
     python -m index --if-missing      # only if no version matches the bundle
     python -m index --bundle DIR      # another bundle's index
+    python -m index --if-missing --first-slice   # `make run`: a first slice now, the service builds the rest
 
 The library it calls is `index.build`; `make index` and the Docker image run this.
 """
@@ -17,9 +18,11 @@ from core.bundle import RELEASE_BUNDLE, open_bundle
 from core.encoder import Encoder
 from core.store import IndexStore
 from index.build import build_version, corpus_candidates
+from index.encode_cache import EncodeCache
+from index.first_slice import SLICE_REPLIES, Owed, first_slice, owe, owed, settle
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m index", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -27,20 +30,45 @@ def main() -> None:
     parser.add_argument("--bundle", type=Path, default=RELEASE_BUNDLE, help="bundle directory (default: the release)")
     parser.add_argument("--if-missing", action="store_true", help="skip if a version for this bundle exists")
     parser.add_argument("--no-reuse", action="store_true", help="encode every text, even ones a version has")
-    args = parser.parse_args()
+    parser.add_argument("--corpus", type=Path, help="a chitchat-format corpus file (default: the package's)")
+    parser.add_argument(
+        "--first-slice",
+        type=int,
+        nargs="?",
+        const=SLICE_REPLIES,
+        metavar="REPLIES",
+        help=f"build only the replies that answer the most contexts (default {SLICE_REPLIES}) and leave the rest "
+        "to the service, which builds it in the background and swaps it in",
+    )
+    args = parser.parse_args(argv)
     bundle_dir = args.bundle
     bundle = open_bundle(bundle_dir)
     store = IndexStore(args.artifacts / "indexes")
     existing = store.latest_for(bundle.checksum)
+    debt = owed(store.root)
+    if existing and debt and debt.slice_version == existing and not args.first_slice:
+        existing = None  # a first slice stands in for this index: build it now (the slice's vectors are reused)
     if args.if_missing and existing:
         print(f"[index] {existing} already serves {bundle.name}; skipping")
         store.set_current(existing)
         return
     started = time.perf_counter()
-    candidates = corpus_candidates(bundle.max_context_turns)
+    candidates = corpus_candidates(bundle.max_context_turns, args.corpus)
     print(f"[index] {len(candidates)} chitchat train candidates in {time.perf_counter() - started:.1f}s")
     encoder = Encoder(bundle_dir, bundle)
-    manifest = build_version(candidates, encoder, bundle.checksum, store, "chitchat:train", reuse=not args.no_reuse)
+    cache = EncodeCache(args.artifacts / "cache" / "encode", bundle.checksum)
+    if args.first_slice:
+        chosen = first_slice(candidates, args.first_slice)
+        manifest = build_version(chosen, encoder, bundle.checksum, store, "chitchat:train first slice", cache=cache)
+        full = len({c.reply for c in candidates if c.kind != "reaction"})
+        corpus = str(args.corpus.resolve()) if args.corpus else None
+        debt = Owed(bundle.checksum, manifest.version, "chitchat:train", full, bundle.max_context_turns, corpus)
+        owe(store.root, debt)
+    else:
+        manifest = build_version(
+            candidates, encoder, bundle.checksum, store, "chitchat:train", reuse=not args.no_reuse, cache=cache
+        )
+        settle(store.root)  # whatever slice stood in for it, this is the full index
     store.set_current(manifest.version)
     print(
         f"[index] {manifest.version}: {manifest.replies} replies, {manifest.queries} queries, "

@@ -56,12 +56,14 @@ async def readyz(request: Request) -> JSONResponse:
 
 
 @router.get("/info", response_model=Info, responses=responses(ErrorKind.not_ready, ErrorKind.not_found))
-async def info(runtime: RuntimeDep, set: SetQuery = DEFAULT_SET) -> Info:
+async def info(request: Request, runtime: RuntimeDep, set: SetQuery = DEFAULT_SET) -> Info:
     """The model, and the index version of set `set` (the default set unless named)."""
     candidates = runtime.candidate_set(set)
     serving = runtime.current(set)
+    building = getattr(request.app.state, "first_build", None)
     return Info(
         model=describe.model_info(serving, runtime.settings.rerank_by_default),
         index={"set": set, **describe.index_info(serving, candidates.store.versions())},
         redis=runtime.kv.status,
+        first_build=building.describe() if building is not None and set == DEFAULT_SET else None,
     )

@@ -1,0 +1,109 @@
+"""The rest of the default index, built while the first slice serves (`python -m index --first-slice`).
+
+The slice's marker (index/first_slice.py) says a full build is owed. Once the service is up, this
+submits it as an ordinary reindex job of the default set (mode "replace", the chitchat train
+candidates), so it builds beside live traffic, swaps atomically and replicas follow the pointer.
+Its chunks are kept on disk as they are encoded (index/encode_cache.py): a restart submits the job
+again, and it encodes only what the killed one had not finished. The marker goes when the full
+version serves; it also goes, with nothing built, if the set has moved on from the slice (an
+upload or a rollback chose other candidates).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio.to_thread
+
+from app.engine.reindex import Busy
+from index.build import corpus_candidates
+from index.first_slice import Owed, owed, settle
+
+if TYPE_CHECKING:
+    from app.admin import Admin
+
+log = logging.getLogger(__name__)
+
+RETRY_S = 15.0  # another replica holds the lock (it may be building this very job), or a build failed
+
+
+@dataclass
+class Progress:
+    """What /info says of the owed build while it runs."""
+
+    state: str = "pending"  # pending, building, done, failed, dropped
+    job_id: str | None = None
+    replies_total: int = 0
+    fraction: float = 0.0  # of the whole build, encoding counted as 90% of it
+    started_at: float = 0.0
+    error: str | None = None
+
+    def describe(self) -> dict[str, Any]:
+        elapsed = time.time() - self.started_at if self.started_at else 0.0
+        eta = elapsed * (1 - self.fraction) / self.fraction if 0.02 < self.fraction < 1 else None
+        return {
+            "state": self.state,
+            "job_id": self.job_id,
+            "replies_indexed_of_total": [round(self.fraction * self.replies_total), self.replies_total],
+            "seconds_left": None if eta is None else round(eta),
+            **({"error": self.error} if self.error else {}),
+        }
+
+
+async def complete(admin: Admin, progress: Progress) -> None:
+    """Builds what the slice's marker owes, retrying while another replica holds the lock."""
+    target = admin.default
+    store = target.candidate_set.store
+    debt = owed(store.root)
+    if debt is None:
+        progress.state = "done"
+        return
+    progress.replies_total = debt.replies
+    while True:
+        if not _still_owed(admin, debt):
+            settle(store.root)
+            progress.state = "dropped"
+            log.info("first build: the default set moved on from the slice; the full build is not needed")
+            return
+        try:
+            corpus = Path(debt.corpus) if debt.corpus else None
+            candidates = await anyio.to_thread.run_sync(corpus_candidates, debt.max_context_turns, corpus)
+            job = target.reindexer.submit("replace", candidates, report={"source": debt.source, "first_build": True})
+        except Busy:
+            await asyncio.sleep(RETRY_S)
+            continue
+        progress.state, progress.job_id, progress.started_at = "building", job.id, time.time()
+        log.info("first build: job %s indexes the %d replies of %s behind the slice", job.id, debt.replies, debt.source)
+        finished = await _follow(target.reindexer.jobs, job.id, progress)
+        if finished.state == "succeeded":
+            settle(store.root)
+            progress.state, progress.fraction = "done", 1.0
+            log.info("first build: %s serves the full index", finished.version)
+            return
+        progress.state, progress.error = "failed", finished.error
+        log.warning("first build: job %s failed (%s); again in %.0f s", job.id, finished.error, RETRY_S)
+        await asyncio.sleep(RETRY_S)
+
+
+def _still_owed(admin: Admin, debt: Owed) -> bool:
+    serving = admin.default.candidate_set.serving
+    return (
+        serving is not None
+        and serving.index_version == debt.slice_version
+        and serving.bundle.checksum == debt.bundle_checksum
+    )
+
+
+async def _follow(jobs: Any, job_id: str, progress: Progress) -> Any:
+    while True:
+        job = await anyio.to_thread.run_sync(jobs.get, job_id)
+        if job is not None:
+            progress.fraction = 0.9 * job.progress if job.stage == "encode" else progress.fraction
+            if job.state in ("succeeded", "failed"):
+                return job
+        await asyncio.sleep(1.0)

@@ -1,0 +1,70 @@
+"""A first slice of the default candidates: what `make run` serves within a minute on a fresh
+clone while the service builds the rest (app/engine/first_build.py).
+
+The slice is the replies that answer the most distinct contexts in the corpus: the ones the full
+index would serve most often, so the first answers are the ones people would mostly get anyway.
+Each brings at most one stored query (query similarity is off unless a request asks), and every
+reaction comes along. A marker file beside the pointer says the full build is still owed; the
+service removes it once the full version serves.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from core.files import write_json_atomic
+from core.records import Candidate
+from core.text import normalize
+
+MARKER = "FIRST_SLICE"
+# Replies in the slice: ~2,000 texts to encode with their queries, 10-30 s on 2 cores with or
+# without VNNI for the 12-layer default, so the first answer comes within the minute.
+SLICE_REPLIES = 1500
+
+
+@dataclass(frozen=True)
+class Owed:
+    """What the marker records: the full build the slice stands in for."""
+
+    bundle_checksum: str
+    slice_version: str
+    source: str  # what the full build indexes ("chitchat:train")
+    replies: int  # distinct replies in the full candidate set
+    max_context_turns: int
+    corpus: str | None = None  # the corpus file the full build reads; None: the chitchat package's
+
+
+def first_slice(candidates: Sequence[Candidate], replies: int = SLICE_REPLIES) -> list[Candidate]:
+    """The records of the `replies` replies with the most distinct stored queries, one query each, and
+    every reaction. Ties keep the corpus order, so the slice is a function of the candidates."""
+    contexts: dict[str, set[str]] = {}
+    first: dict[str, Candidate] = {}
+    for c in candidates:
+        if c.kind == "reaction":
+            continue
+        key = normalize(c.reply)
+        first.setdefault(key, c)
+        if c.query:
+            contexts.setdefault(key, set()).add(normalize(c.query))
+    counts = Counter({key: len(contexts.get(key, ())) for key in first})
+    chosen = [first[key] for key, _ in counts.most_common(replies)]
+    return chosen + [c for c in candidates if c.kind == "reaction"]
+
+
+def owed(indexes: Path) -> Owed | None:
+    try:
+        return Owed(**json.loads((indexes / MARKER).read_text()))
+    except (FileNotFoundError, ValueError, TypeError):
+        return None
+
+
+def owe(indexes: Path, debt: Owed) -> None:
+    write_json_atomic(indexes / MARKER, asdict(debt), indent=2, sync_dir=True)
+
+
+def settle(indexes: Path) -> None:
+    (indexes / MARKER).unlink(missing_ok=True)

@@ -1,0 +1,133 @@
+"""`make run` on a fresh clone: a first slice serves at once, the service builds the rest behind
+it, and a build killed halfway resumes from the chunks it had encoded (#50)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from core.bundle import read_manifest
+from core.encoder import Encoder
+from core.store import IndexStore
+from index.__main__ import main as index_main
+from index.build import KnownVectors, corpus_candidates, encode_missing, tables
+from index.encode_cache import EncodeCache
+from index.first_slice import MARKER, first_slice, owed
+from tests.helpers import AppFactory, bundle_of
+
+pytestmark = pytest.mark.anyio
+
+
+def tiny_corpus(path: Path, conversations: int = 120) -> Path:
+    """Conversations whose second turn repeats across many of them: replies that answer many contexts."""
+    corpus = {
+        f"conv-{i}": {
+            "messages": [
+                [{"text": f"hello number {i}", "sender": "u0"}],
+                [{"text": ["haha yes", "oh nice", "tell me more", f"reply {i}"][i % 4], "sender": "u1"}],
+                [{"text": f"and then {i} happened", "sender": "u0"}],
+            ]
+        }
+        for i in range(conversations)
+    }
+    path.write_text(json.dumps(corpus))
+    return path
+
+
+class Counting:
+    """An encoder that counts the texts it encodes, and dies after `die_after` chunks if asked."""
+
+    def __init__(self, encoder: Encoder, die_after: int | None = None) -> None:
+        self.encoder, self.die_after, self.texts, self.chunks = encoder, die_after, 0, 0
+        self.dim = encoder.dim
+
+    def encode_both(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        if self.die_after is not None and self.chunks >= self.die_after:
+            raise KeyboardInterrupt("the machine went away")
+        self.chunks += 1
+        self.texts += len(texts)
+        return self.encoder.encode_both(texts)
+
+
+def test_the_slice_is_the_replies_that_answer_the_most_contexts(tmp_path: Path) -> None:
+    candidates = corpus_candidates(3, tiny_corpus(tmp_path / "corpus.json"))
+    chosen = first_slice(candidates, replies=2)
+    # Three replies answer a context in a quarter of the train conversations each, every other reply one.
+    contexts = Counter(c.reply for c in candidates)
+    assert {c.reply for c in chosen} <= {"haha yes", "oh nice", "tell me more"} and len(chosen) == 2
+    left_out = [n for reply, n in contexts.items() if reply not in {c.reply for c in chosen}]
+    assert min(contexts[c.reply] for c in chosen) >= max(left_out)
+    assert all(c.query for c in chosen)  # each with one stored query
+
+
+def test_a_build_killed_halfway_encodes_only_the_chunks_it_had_not_finished(artifacts: Path, tmp_path: Path) -> None:
+    bundle_dir = bundle_of(artifacts)
+    encoder = Encoder(bundle_dir, read_manifest(bundle_dir))
+    t = tables(corpus_candidates(3, tiny_corpus(tmp_path / "corpus.json")))
+    cache = EncodeCache(tmp_path / "cache", read_manifest(bundle_dir).checksum)
+    whole = encode_missing(encoder, t, KnownVectors.empty(), chunk=8, progress=False)  # type: ignore[arg-type]
+
+    dying = Counting(encoder, die_after=3)
+    with pytest.raises(KeyboardInterrupt):
+        encode_missing(dying, t, KnownVectors.empty(), chunk=8, progress=False, cache=cache)  # type: ignore[arg-type]
+    again = Counting(encoder)
+    resumed = encode_missing(again, t, KnownVectors.empty(), chunk=8, progress=False, cache=cache)  # type: ignore[arg-type]
+    assert resumed.from_cache == 3 * 8 and again.texts == len(whole.rows) - 3 * 8
+    np.testing.assert_array_equal(resumed.context, whole.context)  # the same chunks: the same vectors
+    np.testing.assert_array_equal(resumed.reply, whole.reply)
+    cache.forget(resumed.chunks)
+    assert not cache.folder.exists()
+
+
+async def test_a_first_slice_serves_at_once_and_the_full_index_replaces_it(
+    make_client: AppFactory, artifacts: Path, tmp_path: Path
+) -> None:
+    own = tmp_path / "artifacts"
+    (own / "bundles").mkdir(parents=True)
+    shutil.copytree(bundle_of(artifacts), own / "bundles" / bundle_of(artifacts).name)
+    corpus = tiny_corpus(tmp_path / "corpus.json")
+    bundle = own / "bundles" / bundle_of(artifacts).name
+    args = ["--artifacts", str(own), "--bundle", str(bundle), "--corpus", str(corpus), "--if-missing"]
+    index_main([*args, "--first-slice", "3"])
+    store = IndexStore(own / "indexes")
+    debt = owed(store.root)
+    assert debt is not None and store.current() == debt.slice_version
+    assert store.manifest(debt.slice_version).replies == 3
+
+    async with make_client(artifacts_dir=own, bundle_dir=bundle, encoders_dir=own / "bundles") as client:
+        assert (await client.get("/readyz")).status_code == 200  # the slice serves
+        assert (await client.post("/reply", json={"context": ["hello number 7"]})).status_code == 200
+        info: dict[str, Any] = {}
+        for _ in range(600):
+            info = (await client.get("/info")).json()
+            if info["first_build"]["state"] == "done":
+                break
+            assert info["first_build"]["state"] in ("pending", "building")
+            assert (await client.post("/reply", json={"context": ["hello"]})).status_code == 200
+            await asyncio.sleep(0.05)
+        assert info["first_build"]["state"] == "done"
+        full = {c.reply for c in corpus_candidates(3, corpus)}
+        assert info["index"]["replies"] == len(full) and info["index"]["source"] == "chitchat:train"
+    assert not (store.root / MARKER).exists()
+    assert not (own / "cache" / "encode").exists() or not any((own / "cache" / "encode").rglob("*.npy"))
+    index_main(args)  # a second `make run`: the full index is there, nothing to build
+    assert store.current() == info["index"]["version"]
+
+
+def test_make_index_after_a_first_slice_builds_the_full_index_at_once(artifacts: Path, tmp_path: Path) -> None:
+    """`make index` (benches, the chaos suite) wants the full index: a slice owed is no reason to skip."""
+    corpus = tiny_corpus(tmp_path / "corpus.json")
+    args = ["--artifacts", str(tmp_path / "a"), "--bundle", str(bundle_of(artifacts)), "--corpus", str(corpus)]
+    index_main([*args, "--if-missing", "--first-slice", "3"])
+    store = IndexStore(tmp_path / "a" / "indexes")
+    index_main([*args, "--if-missing"])
+    current = store.current()
+    assert current is not None and owed(store.root) is None
+    assert store.manifest(current).replies == len({c.reply for c in corpus_candidates(3, corpus)})
