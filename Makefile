@@ -23,7 +23,7 @@ ZEROSHOT_E5 := artifacts/bundles/multilingual-e5-small-int8
 
 .PHONY: help install install-train install-test install-dev run serve index first-slice train-e5 train-script eval ood release judge \
 	baselines pack multilingual multilingual-tune multilingual-release bench-encoders bench-lexical run-multilingual test test-service test-training \
-	lint format typecheck pytest lock bench bench-profile bench-load bench-precision bench-ann bench-filters bench-cache bench-narrow bench-exact-query bench-reaction-share bench-reindex bench-first-run chaos clean \
+	lint format typecheck pytest lock bench bench-profile bench-load bench-precision bench-ann bench-filters bench-cache bench-narrow bench-exact-query bench-reaction-share bench-reindex bench-first-slice bench-first-run chaos clean \
 	docker
 
 help:
@@ -239,6 +239,9 @@ chaos-quick: install-dev  ## the CI subset of make chaos -> /tmp/chaos-quick/cha
 bench-reindex: index  ## live reindex of ~100k candidates: duration and /reply p99 during it (needs Redis)
 	$(PY) -m bench.reindex
 	$(PY) -m bench.reindex --fresh
+
+bench-first-slice: install index  ## the first slice's answers against the full index's on held-out turns -> reports/first_slice.{md,json}
+	$(PY) -m bench.first_slice
 
 bench-first-run:  ## fresh clone -> install, first slice, first answer, full index serving, timed -> reports/first_run.json
 	python3 -m bench.first_run
