@@ -131,3 +131,49 @@ def test_make_index_after_a_first_slice_builds_the_full_index_at_once(artifacts:
     current = store.current()
     assert current is not None and owed(store.root) is None
     assert store.manifest(current).replies == len({c.reply for c in corpus_candidates(3, corpus)})
+
+
+def test_a_service_killed_during_the_build_behind_the_slice_resumes_it_after_a_restart(
+    artifacts: Path, tmp_path: Path
+) -> None:
+    """SIGKILL while the full build encodes, then a restart: the slice serves throughout (no 5xx while
+    a process is up), the build resumes from the chunks it had written, and the full index serves."""
+    import signal
+    import time
+
+    import httpx
+
+    from bench.chaos.harness import Service, wait_for
+
+    own = tmp_path / "artifacts"
+    bundle = own / "bundles" / bundle_of(artifacts).name
+    shutil.copytree(bundle_of(artifacts), bundle)
+    corpus = tiny_corpus(tmp_path / "corpus.json", conversations=60_000)  # long enough to be caught mid-encode
+    index_main(["--artifacts", str(own), "--bundle", str(bundle), "--corpus", str(corpus), "--first-slice", "3"])
+    env = {"CHITCHAT_BUNDLE_DIR": str(bundle), "CHITCHAT_ENCODERS_DIR": str(own / "bundles")}
+    service = Service(own, None, env)
+    chunks = own / "cache" / "encode"
+    statuses: list[int] = []
+    try:
+        service.start()
+        wait_for(lambda: chunks.is_dir() and len(list(chunks.rglob("*.npy"))) >= 2, 120, 0.02)
+        statuses.append(httpx.post(f"{service.url}/reply", json={"context": ["hello"]}, timeout=10).status_code)
+        service.signal(signal.SIGKILL)
+        assert service.process is not None
+        service.process.wait()
+        assert owed(own / "indexes") is not None  # killed before the full version committed
+        kept = len(list(chunks.rglob("*.npy")))
+        service.start()  # the slice serves again at once; the build resumes behind it
+        deadline = time.monotonic() + 300
+        state = ""
+        while time.monotonic() < deadline and state != "done":
+            statuses.append(httpx.post(f"{service.url}/reply", json={"context": ["hello"]}, timeout=10).status_code)
+            state = httpx.get(f"{service.url}/info", timeout=10).json()["first_build"]["state"]
+            time.sleep(0.2)
+        assert state == "done" and owed(own / "indexes") is None
+    finally:
+        service.stop()
+    assert kept >= 2 and all(s == 200 for s in statuses), statuses
+    log = (service.log or Path()).read_text()
+    reused = [line for line in log.splitlines() if "texts from chunks an interrupted build had encoded" in line]
+    assert reused, "the restarted build encoded everything again"
