@@ -77,6 +77,11 @@ async def complete(admin: Admin, progress: Progress) -> None:
         except Busy:
             await asyncio.sleep(RETRY_S)
             continue
+        except Exception as error:  # the corpus unreadable, Redis away: the slice serves on; try again
+            progress.state, progress.error = "failed", f"{type(error).__name__}: {error}"
+            log.warning("first build: could not start (%s); again in %.0f s", progress.error, RETRY_S)
+            await asyncio.sleep(RETRY_S)
+            continue
         progress.state, progress.job_id, progress.started_at = "building", job.id, time.time()
         log.info("first build: job %s indexes the %d replies of %s behind the slice", job.id, debt.replies, debt.source)
         finished = await _follow(target.reindexer.jobs, job.id, progress)
