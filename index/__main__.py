@@ -17,6 +17,7 @@ from pathlib import Path
 from core.bundle import RELEASE_BUNDLE, open_bundle
 from core.encoder import Encoder
 from core.store import IndexStore
+from core.text import normalize
 from index.build import build_version, corpus_candidates
 from index.encode_cache import EncodeCache
 from index.first_slice import SLICE_REPLIES, Owed, first_slice, owe, owed, settle
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.first_slice:
         chosen = first_slice(candidates, args.first_slice)
         manifest = build_version(chosen, encoder, bundle.checksum, store, "chitchat:train first slice", cache=cache)
-        full = len({c.reply for c in candidates if c.kind != "reaction"})
+        full = len({normalize(c.reply) for c in candidates if c.kind != "reaction"})  # as the index dedups
         corpus = str(args.corpus.resolve()) if args.corpus else None
         debt = Owed(bundle.checksum, manifest.version, "chitchat:train", full, bundle.max_context_turns, corpus)
         owe(store.root, debt)
