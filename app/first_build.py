@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 
+from app.engine.jobs import Job, JobStore
 from app.engine.reindex import Busy
 from index.build import corpus_candidates
 from index.first_slice import Owed, owed, settle
@@ -104,7 +105,7 @@ def _still_owed(admin: Admin, debt: Owed) -> bool:
     )
 
 
-async def _follow(jobs: Any, job_id: str, progress: Progress) -> Any:
+async def _follow(jobs: JobStore, job_id: str, progress: Progress) -> Job:
     while True:
         job = await anyio.to_thread.run_sync(jobs.get, job_id)
         if job is not None:

@@ -76,7 +76,7 @@ class ReactionClassifier:
         leans its way by at least the margin."""
         if not len(self.axes):
             return np.ones(len(self.labels), dtype=bool)
-        lean = (self.axes @ context)[np.maximum(self.axis_of, 0)] * self.pole  # [C]
+        lean = leans(self.axes, self.axis_of, self.pole, context[None, :])[0]  # [C]
         return np.asarray((self.axis_of < 0) | (lean >= self.margin))
 
     def top(self, context: np.ndarray, k: int) -> list[tuple[int, float]]:
@@ -85,6 +85,12 @@ class ReactionClassifier:
         allowed = self.allowed(context)  # [C]
         best = [c for c in np.argsort(-probs, kind="stable") if allowed[c]][:k]
         return [(int(c), float(probs[c])) for c in best]
+
+
+def leans(axes: np.ndarray, axis_of: np.ndarray, pole: np.ndarray, contexts: np.ndarray) -> np.ndarray:
+    """How far each context leans each class's way on its axis: axes [A, D], axis_of, pole [C],
+    contexts [N, D] -> [N, C] (meaningless where a class takes no side: axis_of < 0)."""
+    return np.asarray((contexts @ axes.T)[:, np.maximum(axis_of, 0)] * pole)  # [N, C]
 
 
 def stance_axes(spec: ReactionSpec, encoder: Encoder | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -38,7 +38,7 @@ class EncodeCache:
         """([C, D] context, [C, D] reply) of a chunk encoded before, or None."""
         try:
             both = np.load(self.path(texts))  # [2, C, D]
-        except (FileNotFoundError, ValueError, OSError):  # absent, or unreadable: encode it again
+        except (OSError, ValueError):  # absent, or unreadable: encode it again
             return None
         if both.ndim != 3 or both.shape[:2] != (2, len(texts)):
             return None

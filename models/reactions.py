@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from core.bundle import ReactionSpec
 from core.encoder import Encoder
-from core.reactions import ReactionClassifier, stance_axes
+from core.reactions import ReactionClassifier, leans, stance_axes
 from core.text import normalize
 from models.dataset import TrainPairs
 from models.reaction_classes import REACTION_CLASSES, STANCE_AXES, ReactionClass
@@ -234,22 +234,13 @@ def stance_margin(
             vectors[written[fold == f]]
         )
     axes, axis_of, pole = stance_axes(spec, encoder)
+    lean = leans(axes, axis_of, pole, vectors[written])  # [T, C]
     truth = labels[written]  # [T]
     for margin in MARGINS:
-        classifier = ReactionClassifier(
-            spec.labels, np.zeros(0), np.zeros(0), spec.language, {}, axes, axis_of, pole, margin
-        )
-        served = np.array(
-            [classifier_top(classifier, p, v) for p, v in zip(probs, vectors[written], strict=True)]
-        )  # [T]
+        allowed = (axis_of < 0) | (lean >= margin)  # [T, C]
+        served = np.argmax(np.where(allowed, probs, -1.0), axis=1)  # [T], as ReactionClassifier.top serves
         crossed = (axis_of[served] == axis_of[truth]) & (axis_of[truth] >= 0) & (pole[served] != pole[truth])  # [T]
         fits = float((served == truth).mean())
         if not crossed.any():
             return margin, {"fits": round(fits, 4), "crossed": 0, "lines": len(written)}
     return MARGINS[-1], {"fits": round(fits, 4), "crossed": int(crossed.sum()), "lines": len(written)}
-
-
-def classifier_top(classifier: ReactionClassifier, probs: np.ndarray, context: np.ndarray) -> int:
-    """The class served for precomputed probabilities probs: [C] of context: [D]."""
-    allowed = classifier.allowed(context)  # [C]
-    return int(np.argmax(np.where(allowed, probs, -1.0)))
