@@ -26,14 +26,14 @@ def main() -> None:
     args = replay_arguments(__doc__.split("\n\n")[0], "exact_query")
     serving, version = release_serving(args.artifacts)
     encoder = serving.encoder
-    turns, last, joined = encoded_contexts(encoder, args.contexts)
+    turns, last, joined = encoded_contexts(encoder, args.contexts, serving.index.manifest.query_side)
     joined_texts = [encoder.join_context(t) for t in turns]
 
     exact = [normalize(t[-1]) in serving.index.query_rows_by_text for t in turns]
     gated_last = [vector if is_exact else None for vector, is_exact in zip(last, exact, strict=True)]
     before, gated = walks(serving, turns, last, joined)[0], walks(serving, turns, gated_last, joined)[0]
     differ = sum(a != b for a, b in zip(before, gated, strict=True))
-    tokens = [len(encoder.tokenize([t[-1]], "context")[0]) for t in turns]
+    tokens = [len(encoder.tokenize([t[-1]], serving.index.manifest.query_side)[0]) for t in turns]
     context_tokens = [len(encoder.tokenize([j], "context")[0]) for j in joined_texts]
     skipped = sum(n for n, e in zip(tokens, exact, strict=True) if not e)
     report = {

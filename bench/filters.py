@@ -119,7 +119,7 @@ def path(admitted_rows: int) -> str:
 def search_figures(version: IndexVersion, encoder: Encoder) -> list[dict[str, Any]]:
     held_out = contexts()[:PROBES]
     context_probes = encoder.encode([encoder.join_context(c) for c in held_out], "context")  # [P, D]
-    query_probes = encoder.encode([c[-1] for c in held_out], "context")  # [P, D]
+    query_probes = encoder.encode([c[-1] for c in held_out], version.manifest.query_side)  # [P, D]
     sides: dict[Side, tuple[np.ndarray, np.ndarray]] = {
         "replies": (ann.vectors_of(version.reply_index), context_probes),
         "queries": (ann.vectors_of(version.query_index), query_probes),

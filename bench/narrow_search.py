@@ -26,7 +26,7 @@ from bench import reports
 from bench.load import ROOT, contexts
 from core import ann, retriever
 from core.bundle import RELEASE_BUNDLE, open_bundle
-from core.encoder import Encoder
+from core.encoder import Encoder, Side
 from core.laps import Laps
 from core.retriever import Avoid, Serving, WalkRequest
 from core.store import IndexStore
@@ -57,11 +57,11 @@ def replay_arguments(description: str, report: str) -> argparse.Namespace:
     return parser.parse_args()
 
 
-def encoded_contexts(encoder: Encoder, count: int) -> tuple[list[list[str]], Any, Any]:
+def encoded_contexts(encoder: Encoder, count: int, query_side: Side) -> tuple[list[list[str]], Any, Any]:
     """The first `count` held-out contexts (as `make bench-load` sends them), and their
-    last turns' and joined contexts' vectors: [N, D] each."""
+    last turns' (on the index's query side) and joined contexts' vectors: [N, D] each."""
     turns = contexts()[:count]
-    last = encoder.encode([t[-1] for t in turns], "context")  # [N, D]
+    last = encoder.encode([t[-1] for t in turns], query_side)  # [N, D]
     joined = encoder.encode([encoder.join_context(t) for t in turns], "context")  # [N, D]
     return turns, last, joined
 
@@ -95,7 +95,7 @@ def walks(serving: Serving, turns: list[list[str]], last: Any, joined: Any) -> t
 def main() -> None:
     args = replay_arguments(__doc__.split("\n\n")[0], "narrow_search")
     serving, version = release_serving(args.artifacts)
-    turns, last, joined = encoded_contexts(serving.encoder, args.contexts)
+    turns, last, joined = encoded_contexts(serving.encoder, args.contexts, serving.index.manifest.query_side)
 
     narrow = (ann.NARROW_NPROBE, ann.NARROW_EF)
     runs: dict[str, list[tuple[float, float]]] = {"full": [], "narrow": []}

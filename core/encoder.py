@@ -222,15 +222,3 @@ class Encoder:
             raise ValueError(f"bundle {self.manifest.name} has no poly head")
         context, poly = self._run(texts, "context", [OUTPUT_NAMES["context"], POLY_OUTPUT], max_batch)
         return context, poly
-
-    def encode_both(self, texts: Sequence[str], max_batch: int = 64) -> tuple[np.ndarray, np.ndarray]:
-        """Both heads: ([N, D] context vectors, [N, D] reply vectors), for stored
-        single turns, which the index uses both as queries and as replies.
-
-        Tokenised with the reply limit. One pass when the two sides see the
-        same text; two when the bundle prefixes queries and passages differently.
-        """
-        if self.manifest.query_prefix != self.manifest.passage_prefix:
-            return self.encode(texts, "context", max_batch), self.encode(texts, "reply", max_batch)
-        context, reply = self._run(texts, "reply", [OUTPUT_NAMES["context"], OUTPUT_NAMES["reply"]], max_batch)
-        return context, reply

@@ -33,7 +33,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import faiss
 import numpy as np
@@ -117,6 +117,13 @@ class IndexManifest:
     # contexts (`index/confidence.py`): where the reaction share's threshold starts on this
     # version. Empty for a bundle with no confidence model, or a version built before them.
     confidence_quantiles: list[float] = field(default_factory=list)
+    # The side the stored queries were encoded on, and so the one a live last turn is encoded on
+    # to be compared with them. A build encodes each stored turn once, as a reply (`index.build`);
+    # a version from before that encoded its stored queries as contexts.
+    query_side: Literal["context", "reply"] = "context"
+    # Where build_seconds went: "encode" (the texts no earlier version had), "replies" and "queries"
+    # (each side's gather, ANN build, checks and write), "commit" (reactions, texts).
+    stage_seconds: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> IndexManifest:

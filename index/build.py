@@ -1,8 +1,12 @@
 """Candidates -> a validated, committed index version (the command line: `python -m index`).
 
-Every distinct text is encoded once: the encoder graph returns the context
-and the reply vector in one pass, and a turn is often both a stored reply and
-a stored query.
+Every distinct text is encoded once, as a stored turn (the reply side): a turn
+is most often both a stored reply and a stored query (90k of the 98k distinct
+chitchat texts), and a stored query is compared with a live last turn encoded
+the same way (`IndexManifest.query_side`), so one vector serves both indexes.
+Encoding stored queries as contexts too cost a second pass over every text
+where a bundle prefixes the sides differently (e5's "query: " and "passage: "):
+half the build.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from core.encoder import Encoder
 from core.records import Candidate
 from core.store import QUERY_INDEX, REACTION_INDEX, REPLY_INDEX, IndexManifest, IndexStore, Tables
 from core.text import normalize
-from index.confidence import quantiles, stored_reply_confidences
+from index.confidence import quantiles, sampled, stored_reply_confidences
 from index.encode_cache import EncodeCache
 
 SELF_RETRIEVAL_SAMPLE = 200
@@ -80,27 +84,30 @@ class KnownVectors:
     A rebuild encodes only texts it has not seen: a reindex that appends a few
     candidates, or one that only changes the ANN settings, costs seconds. The
     vectors stay in the earlier version's indexes, at 8 bits; each index is read
-    only while its side is gathered, and only the rows reused are decoded.
+    only while a side is gathered, and only the rows reused are decoded. A
+    stored turn's vector is the same in either index, except in a version from
+    before `query_side`, whose query index holds context vectors: only its reply
+    index is read.
     """
 
-    reply_rows: dict[str, int]
-    query_rows: dict[str, int]
+    rows: dict[str, dict[str, int]]  # REPLY_INDEX or QUERY_INDEX -> text -> row
     store: IndexStore | None = None
     version: str | None = None
 
     @classmethod
     def load(cls, store: IndexStore, version: str) -> KnownVectors:
         t = store.tables(version)
-        return cls(
-            reply_rows={text: i for i, text in enumerate(t.reply_texts)},
-            query_rows={text: i for i, text in enumerate(t.query_texts)},
-            store=store,
-            version=version,
-        )
+        rows = {REPLY_INDEX: {text: i for i, text in enumerate(t.reply_texts)}}
+        if store.manifest(version).query_side == "reply":
+            rows[QUERY_INDEX] = {text: i for i, text in enumerate(t.query_texts)}
+        return cls(rows, store, version)
 
     @classmethod
     def empty(cls) -> KnownVectors:
-        return cls({}, {})
+        return cls({})
+
+    def __contains__(self, text: str) -> bool:
+        return any(text in rows for rows in self.rows.values())
 
     def index(self, name: str) -> faiss.Index | None:
         """The earlier version's REPLY_INDEX or QUERY_INDEX; None when there is none."""
@@ -112,31 +119,33 @@ class KnownVectors:
 DECODE_CHUNK = 8192  # rows decoded from an earlier index at a time: ~12 MB of fp32 at D = 384
 
 
-def _gather(
-    wanted: list[str], known: dict[str, int], old: faiss.Index | None, fresh_rows: dict[str, int], fresh: np.ndarray
-) -> np.ndarray:
-    """[N, D] the vector of each wanted text: from the earlier index where it had it, else freshly encoded."""
-    out = np.empty((len(wanted), fresh.shape[1]), dtype=np.float32)  # [N, D]
-    reused = [(i, known[text]) for i, text in enumerate(wanted) if text in known]  # (row here, row there)
-    for start in range(0, len(reused), DECODE_CHUNK):
-        here, there = zip(*reused[start : start + DECODE_CHUNK], strict=True)
-        assert old is not None
-        out[list(here)] = ann.vectors_of(old, np.array(there))  # [C, D]
-    for i, text in enumerate(wanted):
-        if text not in known:
-            out[i] = fresh[fresh_rows[text]]
-    return out
-
-
 @dataclass
 class Encoded:
-    """The texts no earlier version had, each encoded once, on both sides."""
+    """The texts no earlier version had, each encoded once as a stored turn (the reply side)."""
 
-    rows: dict[str, int]  # text -> its row in both arrays
-    context: np.ndarray  # [U, D] as a stored query (the context side)
-    reply: np.ndarray  # [U, D] as a stored reply
+    rows: dict[str, int]  # text -> its row
+    vectors: np.ndarray  # [U, D]
     chunks: list[list[str]] = field(default_factory=list)  # the plan's chunks, as the cache keys them
     from_cache: int = 0  # texts whose chunk an interrupted build had already encoded
+
+
+def _gather(wanted: list[str], known: KnownVectors, fresh: Encoded) -> np.ndarray:
+    """[N, D] the vector of each wanted text: from an earlier index where it had it, else freshly encoded."""
+    out = np.empty((len(wanted), fresh.vectors.shape[1]), dtype=np.float32)  # [N, D]
+    left = dict(enumerate(wanted))  # row here -> text, until its vector is found
+    for name, rows in known.rows.items():
+        reused = [(i, rows[text]) for i, text in left.items() if text in rows]  # (row here, row there)
+        old = known.index(name) if reused else None
+        for start in range(0, len(reused), DECODE_CHUNK):
+            here, there = zip(*reused[start : start + DECODE_CHUNK], strict=True)
+            assert old is not None
+            out[list(here)] = ann.vectors_of(old, np.array(there))  # [C, D]
+        del old
+        for i, _ in reused:
+            del left[i]
+    for i, text in left.items():
+        out[i] = fresh.vectors[fresh.rows[text]]
+    return out
 
 
 def encode_missing(
@@ -148,11 +157,8 @@ def encode_missing(
     on_fraction: Callable[[float], None] = lambda fraction: None,
     cache: EncodeCache | None = None,
 ) -> Encoded:
-    missing = [x for x in t.reply_texts if x not in known.reply_rows]
-    missing += [x for x in t.query_texts if x not in known.query_rows]
-    texts = list(dict.fromkeys(missing))
-    context = np.empty((len(texts), encoder.dim), dtype=np.float32)  # [U, D]
-    reply = np.empty_like(context)  # [U, D]
+    texts = [x for x in dict.fromkeys(t.reply_texts + t.query_texts) if x not in known]
+    vectors = np.empty((len(texts), encoder.dim), dtype=np.float32)  # [U, D]
     order = np.argsort([len(x) for x in texts], kind="stable")
     bar = tqdm(total=len(texts), desc="encode", unit="text", disable=not progress, file=sys.stderr)
     chunks, from_cache = [], 0
@@ -162,16 +168,16 @@ def encode_missing(
         chunks.append(batch)
         done = cache.get(batch) if cache else None
         if done is None:
-            done = encoder.encode_both(batch)
+            done = encoder.encode(batch, "reply")  # [C, D]
             if cache:
-                cache.put(batch, *done)
+                cache.put(batch, done)
         else:
             from_cache += len(batch)
-        context[rows], reply[rows] = done
+        vectors[rows] = done
         bar.update(len(rows))
         on_fraction(min(1.0, (start + chunk) / len(texts)))
     bar.close()
-    return Encoded({text: i for i, text in enumerate(texts)}, context, reply, chunks, from_cache)
+    return Encoded({text: i for i, text in enumerate(texts)}, vectors, chunks, from_cache)
 
 
 def self_retrieval(index: faiss.Index, vectors: np.ndarray, seed: int = 0) -> float:
@@ -235,6 +241,7 @@ def build_version(
     fresh = encode_missing(
         encoder, t, known, progress=progress, on_fraction=lambda f: on_progress("encode", f), cache=cache
     )
+    stages = {"encode": round(time.perf_counter() - started, 2)}  # tables and the earlier version's texts too
     chunks, from_cache = fresh.chunks, fresh.from_cache
     staging = store.stage()
     try:
@@ -249,6 +256,7 @@ def build_version(
             bundle_checksum=bundle_checksum,
             source=source,
             started=started,
+            stages=stages,
             on_progress=on_progress,
         )
     except BaseException:
@@ -268,20 +276,19 @@ CARRY_BELOW_NEW = 0.1
 
 
 def _starting_confidences(
-    t: Tables, known: KnownVectors, fresh: Encoded, encoder: Encoder, reply_index: faiss.Index
+    t: Tables, known: KnownVectors, fresh: Encoded, encoder: Encoder, reply_index: faiss.Index, said: np.ndarray
 ) -> list[float]:
-    """`IndexManifest.confidence_quantiles` for this version (`index/confidence.py`)."""
+    """`IndexManifest.confidence_quantiles` for this version (`index/confidence.py`). said: [S, D] its
+    sample of stored replies as contexts."""
     earlier = known.store.manifest(known.version).confidence_quantiles if known.store and known.version else []
     if earlier and len(fresh.rows) < CARRY_BELOW_NEW * len(t.reply_texts):
         return earlier
-
-    def context_vectors(texts: list[str]) -> np.ndarray:
-        """[S, D] context vectors: from this build's own pass where it encoded the text, else encoded now."""
-        missing = [x for x in texts if x not in fresh.rows]
-        encoded = dict(zip(missing, encoder.encode(missing, "context"), strict=True)) if missing else {}
-        return np.stack([fresh.context[fresh.rows[x]] if x in fresh.rows else encoded[x] for x in texts])
-
-    return quantiles(stored_reply_confidences(reply_index, t.reply_texts, encoder, context_vectors))
+    vectors = dict(zip(sampled(t.reply_texts), said, strict=True))
+    return quantiles(
+        stored_reply_confidences(
+            reply_index, t.reply_texts, encoder, lambda texts: np.stack([vectors[x] for x in texts])
+        )
+    )
 
 
 def _index_and_commit(
@@ -296,32 +303,30 @@ def _index_and_commit(
     bundle_checksum: str,
     source: str,
     started: float,
+    stages: dict[str, float],
     on_progress: Callable[[str, float], None],
 ) -> IndexManifest:
     """One side at a time: its fp32 vectors are gathered, indexed, checked and written to the staging
     directory, and dropped with its index before the other side's are gathered. Holding both sides
     at once, with both earlier indexes, was a reindex's peak: ~500 MB above the serving process at 96k."""
     on_progress("index", 0.0)
-    # Replies are searched with context vectors: the stored queries' (context side) are the
-    # nearest thing to real ones to check the graph's recall with. Sampled as ann.build would.
-    sample = np.random.default_rng(0).choice(
-        len(t.query_texts), size=min(len(t.query_texts), ann.CHECK_QUERIES), replace=False
-    )
-    probes = _gather(  # [P, D]
-        [t.query_texts[i] for i in sample], known.query_rows, known.index(QUERY_INDEX), fresh.rows, fresh.context
-    )
-    reply_vectors = _gather(t.reply_texts, known.reply_rows, known.index(REPLY_INDEX), fresh.rows, fresh.reply)
-    fresh.reply = np.empty((0, encoder.dim), np.float32)  # its rows are in reply_vectors [R, D] now
-    reply_index, reply_report = ann.build(reply_vectors, "graph", probes=probes)
+    lap = time.perf_counter()
+    # Replies are searched with context vectors: stored turns said as one-turn contexts are the
+    # nearest thing to real ones, to check the graph's recall with and to start the confidences
+    # from (`index/confidence.py`, whose sample this is): 500 texts, 0.5% of a full build's passes.
+    said = encoder.encode(sampled(t.reply_texts), "context")  # [S, D]
+    reply_vectors = _gather(t.reply_texts, known, fresh)  # [R, D]
+    reply_index, reply_report = ann.build(reply_vectors, "graph", probes=said)
     checks = {"reply_self_retrieval": self_retrieval(reply_index, reply_vectors)}
-    confidence_quantiles = _starting_confidences(t, known, fresh, encoder, reply_index)
+    confidence_quantiles = _starting_confidences(t, known, fresh, encoder, reply_index, said)
     if reply_index.d != encoder.dim or reply_index.ntotal != len(t.reply_texts):
         raise RuntimeError(f"index validation failed: dim {reply_index.d}, rows {reply_index.ntotal}")
     store.write_index(staging, REPLY_INDEX, reply_index)
     del reply_vectors, reply_index
+    stages["replies"], lap = round(time.perf_counter() - lap, 2), time.perf_counter()
 
-    query_vectors = _gather(t.query_texts, known.query_rows, known.index(QUERY_INDEX), fresh.rows, fresh.context)
-    fresh.context = np.empty((0, encoder.dim), np.float32)  # in query_vectors [Q, D] now
+    query_vectors = _gather(t.query_texts, known, fresh)  # [Q, D]
+    fresh.vectors = np.empty((0, encoder.dim), np.float32)  # its rows are in the two indexes now
     query_index, query_report = (
         ann.build(query_vectors, "inverted")
         if len(query_vectors)
@@ -336,11 +341,13 @@ def _index_and_commit(
     profile = {f"query_neighbour_{k}": v for k, v in neighbour_profile(query_index, query_vectors).items()}
     store.write_index(staging, QUERY_INDEX, query_index)
     del query_vectors, query_index
+    stages["queries"], lap = round(time.perf_counter() - lap, 2), time.perf_counter()
 
     on_progress("commit", 0.0)
     if t.reaction_texts:
         store.write_index(staging, REACTION_INDEX, ann.exact(encoder.encode(t.reaction_texts, "reply")))
     store.write_texts(staging, candidates, t)
+    stages["commit"] = round(time.perf_counter() - lap, 2)  # but the final fsync and rename
     created = datetime.now(UTC)
     digest = hashlib.sha1("\n".join(t.reply_ids).encode() + bundle_checksum.encode()).hexdigest()[:6]
     manifest = IndexManifest(
@@ -353,9 +360,11 @@ def _index_and_commit(
         source=source,
         created_at=created.isoformat(timespec="seconds"),
         build_seconds=round(time.perf_counter() - started, 2),
+        stage_seconds=stages,
         ann={"replies": reply_report.to_dict(), "queries": query_report.to_dict()},
         checks=checks,
         encoded=len(fresh.rows),
+        query_side="reply",
         profile=profile,
         confidence_quantiles=confidence_quantiles,
     )

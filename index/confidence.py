@@ -33,6 +33,12 @@ from core.text import script_of
 SAMPLE = 500
 
 
+def sampled(reply_texts: Sequence[str], seed: int = 0) -> list[str]:
+    """The stored replies `stored_reply_confidences` says as contexts."""
+    rows = np.random.default_rng(seed).choice(len(reply_texts), size=min(len(reply_texts), SAMPLE), replace=False)
+    return [reply_texts[r] for r in rows]
+
+
 def stored_reply_confidences(
     reply_index: faiss.Index,
     reply_texts: Sequence[str],
@@ -48,8 +54,7 @@ def stored_reply_confidences(
     if spec is None or not reply_texts:
         return np.empty(0)
     model = ConfidenceModel(spec)
-    rows = np.random.default_rng(seed).choice(len(reply_texts), size=min(len(reply_texts), SAMPLE), replace=False)
-    texts = [reply_texts[r] for r in rows]
+    texts = sampled(reply_texts, seed)
     vectors = context_vectors(texts) if context_vectors else encoder.encode(texts, "context")  # [S, D]
     turns = [[text] for text in texts]
     # As deep as the service searches for a one-turn context: DEPTH hits, past the echo and a few repeats.

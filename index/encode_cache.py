@@ -34,20 +34,22 @@ class EncodeCache:
     def path(self, texts: Sequence[str]) -> Path:
         return self.folder / f"{self.key(texts)}.npy"
 
-    def get(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray] | None:
-        """([C, D] context, [C, D] reply) of a chunk encoded before, or None."""
+    def get(self, texts: Sequence[str]) -> np.ndarray | None:
+        """[C, D] the vectors of a chunk encoded before, or None."""
         try:
-            both = np.load(self.path(texts))  # [2, C, D]
+            vectors: np.ndarray = np.load(self.path(texts))  # [C, D]
         except (OSError, ValueError):  # absent, or unreadable: encode it again
             return None
-        if both.ndim != 3 or both.shape[:2] != (2, len(texts)):
+        # A chunk of another shape (one a build from before `query_side` wrote, with both sides) is
+        # encoded again.
+        if vectors.ndim != 2 or len(vectors) != len(texts):
             return None
-        return both[0], both[1]
+        return vectors
 
-    def put(self, texts: Sequence[str], context: np.ndarray, reply: np.ndarray) -> None:
+    def put(self, texts: Sequence[str], vectors: np.ndarray) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         with atomic_file(self.path(texts), "wb") as f:
-            np.save(f, np.stack([context, reply]).astype(np.float32))
+            np.save(f, vectors.astype(np.float32))
 
     def forget(self, chunks: Sequence[Sequence[str]]) -> None:
         """Removes these chunks' files, and the folder once it is empty."""

@@ -88,7 +88,7 @@ def replay(
     """Runs each strategy on each turn with the serving code itself; `rerank`: as the
     service's default (Settings.rerank_by_default), so that what is calibrated is what serves."""
     encoder = serving.encoder
-    last = encoder.encode([c[-1] for c in contexts], side="context")  # [N, D]
+    last = encoder.encode([c[-1] for c in contexts], side=serving.index.manifest.query_side)  # [N, D]
     joined = [encoder.join_context(c) for c in contexts]
     poly = None
     if rerank and serving.reranker is not None:

@@ -57,6 +57,17 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def prefixed_artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """artifacts/ with a tiny bundle that prefixes its sides as e5 does, so a text's context and
+    reply vectors differ, and one index version built with it."""
+    root = tmp_path_factory.mktemp("prefixed-artifacts")
+    bundle_dir = build_tiny_bundle(
+        root / "bundles", "tiny-prefixed-int8", TINY_PARITY_TEXTS, seed=2, prefixes=("query: ", "passage: ")
+    )
+    return index_tiny_candidates(root, bundle_dir)
+
+
+@pytest.fixture(scope="session")
 def poly_artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """artifacts/ with a tiny bundle that has a poly head and a reaction classifier."""
     root = tmp_path_factory.mktemp("poly-artifacts")

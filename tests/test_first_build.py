@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from core.bundle import read_manifest
-from core.encoder import Encoder
+from core.encoder import Encoder, Side
 from core.store import IndexStore
 from index.__main__ import main as index_main
 from index.build import KnownVectors, corpus_candidates, encode_missing, tables
@@ -48,12 +48,12 @@ class Counting:
         self.encoder, self.die_after, self.texts, self.chunks = encoder, die_after, 0, 0
         self.dim = encoder.dim
 
-    def encode_both(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    def encode(self, texts: list[str], side: Side) -> np.ndarray:
         if self.die_after is not None and self.chunks >= self.die_after:
             raise KeyboardInterrupt("the machine went away")
         self.chunks += 1
         self.texts += len(texts)
-        return self.encoder.encode_both(texts)
+        return self.encoder.encode(texts, side)
 
 
 def test_the_slice_is_the_replies_that_answer_the_most_contexts(tmp_path: Path) -> None:
@@ -80,8 +80,7 @@ def test_a_build_killed_halfway_encodes_only_the_chunks_it_had_not_finished(arti
     again = Counting(encoder)
     resumed = encode_missing(again, t, KnownVectors.empty(), chunk=8, progress=False, cache=cache)  # type: ignore[arg-type]
     assert resumed.from_cache == 3 * 8 and again.texts == len(whole.rows) - 3 * 8
-    np.testing.assert_array_equal(resumed.context, whole.context)  # the same chunks: the same vectors
-    np.testing.assert_array_equal(resumed.reply, whole.reply)
+    np.testing.assert_array_equal(resumed.vectors, whole.vectors)  # the same chunks: the same vectors
     cache.forget(resumed.chunks)
     assert not cache.folder.exists()
 

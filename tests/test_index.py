@@ -5,19 +5,24 @@ from __future__ import annotations
 import json
 import weakref
 from collections import Counter
+from collections.abc import Sequence
+from itertools import pairwise
 from pathlib import Path
 
+import faiss
 import numpy as np
 import pytest
 
 from core import ann
 from core.bundle import read_manifest
-from core.encoder import Encoder
+from core.encoder import Encoder, Side
 from core.records import Candidate
-from core.store import IndexStore
-from index.build import build_version, tables
+from core.store import QUERY_INDEX, REPLY_INDEX, IndexStore
+from index.build import Encoded, KnownVectors, _gather, build_version, tables
 from index.candidates import apply, duplicates
+from index.confidence import SAMPLE
 from index.corpus import Pair, candidate_records, load_conversations, load_pairs, pairs_from, split_of
+from tests.helpers import bundle_of
 
 
 def unit_rows(n: int, dim: int, seed: int = 0, clusters: int = 0) -> np.ndarray:
@@ -260,15 +265,54 @@ def test_candidate_records_keep_the_most_frequent_reply_per_query() -> None:
 
 @pytest.mark.parametrize("structure", ["graph", "inverted"])
 def test_a_rebuild_takes_known_texts_from_the_earlier_index_and_new_ones_from_the_encoder(structure: str) -> None:
-    from index.build import _gather
-
     vectors = sentence_like(3000, dim=64)  # [N, D]
     earlier = ann.hnsw_sq8(vectors, m=16) if structure == "graph" else ann.ivf_sq8(vectors)
     ann.allow_row_lookup(earlier)
     decoded = ann.vectors_of(earlier)  # [N, D] every row, the way a full decode reads them
-    known = {f"text {i}": i for i in range(len(vectors))}
-    fresh = sentence_like(2, dim=64, seed=1)  # [2, D] the two texts the earlier version lacks
-    wanted = ["new a", "text 2999", "text 0", "new b", "text 1234"]
-    out = _gather(wanted, known, earlier, {"new a": 0, "new b": 1}, fresh)  # [5, D]
+
+    class Earlier(KnownVectors):
+        def index(self, name: str) -> faiss.Index | None:
+            return earlier if name == REPLY_INDEX else queries
+
+    # The earlier version's stored queries, encoded as stored turns: one only it has.
+    queries = ann.exact(sentence_like(1, dim=64, seed=2))  # [1, D]
+    known = Earlier({REPLY_INDEX: {f"text {i}": i for i in range(len(vectors))}, QUERY_INDEX: {"only asked": 0}})
+    fresh = Encoded({"new a": 0, "new b": 1}, sentence_like(2, dim=64, seed=1))  # the two texts neither has
+    wanted = ["new a", "text 2999", "text 0", "new b", "text 1234", "only asked"]
+    out = _gather(wanted, known, fresh)  # [6, D]
     np.testing.assert_array_equal(out[[1, 2, 4]], decoded[[2999, 0, 1234]])
-    np.testing.assert_array_equal(out[[0, 3]], fresh)
+    np.testing.assert_array_equal(out[[0, 3]], fresh.vectors)
+    np.testing.assert_array_equal(out[5], ann.vectors_of(queries)[0])
+
+
+def test_each_distinct_text_is_encoded_once_as_a_stored_turn_and_serves_both_indexes(
+    prefixed_artifacts: Path, tmp_path: Path
+) -> None:
+    """e5 reads a context as "query: ..." and a reply as "passage: ...". Stored queries encoded as
+    contexts too cost a second pass over every text, most of which are stored replies as well:
+    half the build."""
+    bundle_dir = bundle_of(prefixed_artifacts)
+    bundle = read_manifest(bundle_dir)
+    encoded: Counter[str] = Counter()  # side -> texts encoded
+
+    class Counting(Encoder):
+        def encode(self, texts: Sequence[str], side: Side, max_batch: int = 64) -> np.ndarray:
+            encoded[side] += len(texts)
+            return super().encode(texts, side, max_batch)
+
+    # Each turn answers the one before it, as in a conversation: most texts are both.
+    turns = [f"turn number {i} of the talk" for i in range(1200)]
+    candidates = [Candidate(reply=reply, query=query) for query, reply in pairwise(turns)]
+    store = IndexStore(tmp_path)
+    manifest = build_version(candidates, Counting(bundle_dir, bundle), bundle.checksum, store, "t", progress=False)
+    assert encoded["reply"] == len(turns) and manifest.encoded == len(turns)
+    assert encoded["context"] <= SAMPLE  # the recall check's probes and the confidence sample, one set
+    assert manifest.query_side == "reply"
+
+    version = store.load(manifest.version)
+    stored = ann.vectors_of(version.query_index, np.arange(len(version.query_texts)))  # [Q, D]
+    encoder = Encoder(bundle_dir, bundle)
+    as_replies = encoder.encode(version.query_texts, "reply")  # [Q, D]
+    as_contexts = encoder.encode(version.query_texts, "context")  # [Q, D]
+    assert (stored * as_replies).sum(axis=1).min() > 0.99  # the same vectors, through 8-bit codes
+    assert (stored * as_contexts).sum(axis=1).mean() < 0.97  # the prefixes make the sides differ

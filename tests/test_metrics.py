@@ -58,10 +58,12 @@ async def test_requests_answers_cache_and_encoder_are_counted(make_client: AppFa
 
 async def test_each_stage_of_a_request_is_timed(make_client: AppFactory) -> None:
     async with make_client() as client:
-        session_turn = {"session_id": "stages", "message": "my cat is sick", "strategies": ["reply_matching"]}
+        # A request's own query threshold has the last turn encoded (as a stored turn) beside the
+        # context; nothing stored scores 1.0 to this one, so reply matching answers.
+        session_turn = {"session_id": "stages", "message": "my cat is so sick", "thresholds": {"query_similarity": 1.0}}
         first = await client.post("/reply", json=session_turn)
-        assert first.status_code == 200
-        again = await client.post("/reply", json={"context": ["my cat is sick"], "strategies": ["query_similarity"]})
+        assert first.status_code == 200 and first.json()["source"] == "reply_matching"
+        again = await client.post("/reply", json={"context": ["my cat is so sick"], "strategies": ["query_similarity"]})
         assert again.status_code == 200  # a cache hit: nothing to tokenise, encode or write
         samples = await scrape(client)
 
@@ -71,7 +73,7 @@ async def test_each_stage_of_a_request_is_timed(make_client: AppFactory) -> None
     for stage in ("session_read", "tokenize", "queue_wait", "encode", "cache_write", "session_write"):
         assert count(stage) == 1, stage
     assert count("cache_read") == 2
-    assert count("search_replies") == 1 and count("search_queries") == 1  # one strategy each
+    assert count("search_replies") == 1 and count("search_queries") == 2  # reply matching once, query similarity twice
     assert all(value(samples, "chitchat_stage_seconds_sum", stage=s) > 0 for s in ("encode", "search_replies"))
 
 

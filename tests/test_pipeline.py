@@ -66,6 +66,21 @@ async def test_a_stored_query_typed_again_scores_one_despite_the_8_bit_codes(run
     assert reworded.answer.best.source == "reply_matching"
 
 
+async def test_a_last_turn_is_compared_with_stored_queries_as_they_were_encoded(prefixed_artifacts: Path) -> None:
+    """A build encodes each stored query once, as a stored turn (the reply side, "passage: " for
+    e5): the last turn must be encoded the same way, or a near copy scores as another text."""
+    runtime = build_runtime(settings_for(prefixed_artifacts))
+    serving = runtime.current()
+    assert serving.index.manifest.query_side == "reply"
+    near = "My cat is sick!!"  # not the stored "my cat is sick" once normalised: scored through its vector
+    matches, _ = await pipeline.similar_queries(runtime, near, 1)
+    assert matches[0][0] == "my cat is sick"
+    stored, said = serving.encoder.encode(["my cat is sick", near], "reply")  # [D] each
+    as_context = serving.encoder.encode([near], "context")[0]  # [D]
+    assert abs(matches[0][2] - float(stored @ said)) < 0.01  # 8-bit codes
+    assert abs(float(stored @ said) - float(stored @ as_context)) > 0.02  # the check can tell the sides apart
+
+
 async def test_a_near_copy_whose_reply_echoes_the_user_lets_reply_matching_answer(runtime: Runtime) -> None:
     # The stored query matches exactly, but its reply is the user's own earlier turn: the look
     # goes on to the next hit, which scores under the threshold and so cannot answer either.

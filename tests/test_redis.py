@@ -110,7 +110,8 @@ async def test_embeddings_are_cached_in_redis_under_the_model_checksum(
         assert clean_redis.keys("emb:*") == []  # asked once: for all anyone knows, a one-off
         await client.post("/similar", json={"text": "Where  are you FROM?"})
         keys = [k.decode() for k in await written(clean_redis, "emb:*")]  # the write runs after the answer
-        assert len(keys) == 1 and keys[0].startswith(f"emb:{checksum[:16]}:context:")
+        # Compared with stored queries, so encoded as they were: as a stored turn (the reply side).
+        assert len(keys) == 1 and keys[0].startswith(f"emb:{checksum[:16]}:reply:")
         assert len(clean_redis.get(keys[0]) or b"") == 4 * 32  # tiny model: 32 float32 dims
 
         # Normalised text: a differently spaced and cased query hits the same key.

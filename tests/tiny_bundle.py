@@ -235,9 +235,10 @@ def build_tiny_bundle(
     poly: PolySpec | None = None,
     reactions: TinyReactions | None = None,
     min_parity_cosine: float = 0.95,
+    prefixes: tuple[str, str] = ("", ""),
 ) -> Path:
     """bundles_root/name: a random encoder, checked against its numpy twin on `parity_texts`.
-    Assembled aside and renamed into place."""
+    Assembled aside and renamed into place. prefixes: (query, passage), as e5 reads its sides."""
     tokenizer = tiny_tokenizer()
     weights = TinyWeights.random(tokenizer.get_vocab_size(), dim, seed, codes=poly.codes if poly else None)
     final = bundles_root / name
@@ -264,6 +265,8 @@ def build_tiny_bundle(
             max_reply_tokens=384,
             max_context_turns=3,
             turn_separator=" [SEP] ",
+            query_prefix=prefixes[0],
+            passage_prefix=prefixes[1],
             quantization="int8-dynamic-per-channel" if quantize else "none",
             files={},
             checksum="",

@@ -17,14 +17,15 @@ import numpy as np
 
 from app.engine.batcher import Batcher
 from app.engine.stats import Stages
-from core.encoder import OUTPUT_NAMES, POLY_OUTPUT, Encoder
+from core.encoder import OUTPUT_NAMES, POLY_OUTPUT, Encoder, Side
 
 
 @dataclass(frozen=True)
 class EncodeJob:
     encoder: Encoder  # the request's bundle: jobs of one batch normally share it
-    rows: list[list[int]]  # token ids, context side
-    poly: bool  # whether the job needs the poly vectors of its rows
+    rows: list[list[int]]  # token ids, each tokenised for its side
+    poly: bool  # whether the job needs the poly vectors of its rows (its contexts')
+    sides: list[Side] | None = None  # each row's side; None: all contexts
 
     @property
     def tokens(self) -> int:
@@ -38,7 +39,7 @@ class EncodeJob:
 
 @dataclass(frozen=True)
 class Encoded:
-    vectors: np.ndarray  # [n, D] unit context vectors
+    vectors: np.ndarray  # [n, D] unit vectors, each row's on its side
     poly: np.ndarray | None  # [n, m, D] when the job asked for them
 
 
@@ -51,16 +52,25 @@ def run_jobs(jobs: Sequence[EncodeJob], stages: Stages | None = None) -> list[En
     for indices in by_encoder.values():
         encoder = jobs[indices[0]].encoder
         poly = encoder.has_poly and any(jobs[i].poly for i in indices)
-        outputs = [OUTPUT_NAMES["context"]] + ([POLY_OUTPUT] if poly else [])
+        sides = [side for i in indices for side in jobs[i].sides or ["context"] * len(jobs[i].rows)]  # [R]
+        # Every row goes through the graph once; a reply-side row reads the reply output of that pass.
+        replies = "reply" in sides
+        outputs = (
+            [OUTPUT_NAMES["context"]] + ([POLY_OUTPUT] if poly else []) + ([OUTPUT_NAMES["reply"]] if replies else [])
+        )
         rows = [row for i in indices for row in jobs[i].rows]
         started = time.perf_counter()
-        arrays = encoder.for_batch(len(indices)).run_ids(rows, outputs)  # [R, D] and [R, m, D]
+        arrays = encoder.for_batch(len(indices)).run_ids(rows, outputs)  # [R, D], [R, m, D], [R, D]
         if stages is not None:
             stages.observe("encode", time.perf_counter() - started)
+        vectors = arrays[0]  # [R, D]
+        if replies:
+            on_reply = np.array(sides) == "reply"  # [R]
+            vectors[on_reply] = arrays[-1][on_reply]
         start = 0
         for i in indices:
             end = start + len(jobs[i].rows)
-            results[i] = Encoded(arrays[0][start:end], arrays[1][start:end] if poly and jobs[i].poly else None)
+            results[i] = Encoded(vectors[start:end], arrays[1][start:end] if poly and jobs[i].poly else None)
             start = end
     return [r for r in results if r is not None]
 

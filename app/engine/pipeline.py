@@ -17,7 +17,7 @@ from app.engine.sessions import SessionTurn
 from app.engine.sets import DEFAULT_SET
 from core import retriever
 from core.bundle import BundleManifest, Thresholds
-from core.encoder import Encoder
+from core.encoder import Encoder, Side
 from core.filters import Filter
 from core.laps import Laps
 from core.retriever import Answer, Strategy
@@ -53,15 +53,22 @@ class Encodes(Protocol):
 
 
 async def embed(
-    runtime: Runtime, serving: Encodes, texts: Sequence[str], poly_for: str | None = None
+    runtime: Runtime,
+    serving: Encodes,
+    texts: Sequence[str],
+    poly_for: str | None = None,
+    sides: Sequence[Side] | None = None,
 ) -> tuple[list[np.ndarray], np.ndarray | None]:
-    """Context-side [D] vectors of `texts` and, for the text `poly_for`, its [m, D] poly vectors.
+    """[D] vectors of `texts`, each on its side (context unless `sides` says otherwise), and, for
+    the context `poly_for`, its [m, D] poly vectors.
 
     From the cache where it can (at most one Redis round trip); the misses go to the
     encoder queue as one job, so they cost one encoder pass together."""
     checksum, dim, lowercase = serving.bundle.checksum, serving.encoder.dim, serving.encoder.lowercases
-    distinct = list(dict.fromkeys(texts))
-    keys = [runtime.cache.key(checksum, "context", t, lowercase) for t in distinct]  # normalised, hashed once
+    every: Sequence[Side] = sides or ["context"] * len(texts)
+    items: list[tuple[str, Side]] = list(zip(texts, every, strict=True))
+    distinct = list(dict.fromkeys(items))
+    keys = [runtime.cache.key(checksum, side, t, lowercase) for t, side in distinct]  # normalised, hashed once
     m = serving.bundle.poly.codes if serving.bundle.poly is not None else 0
     stages, started = runtime.stages, time.perf_counter()
     vectors = dict(zip(distinct, await runtime.cache.get_many(keys, dim), strict=True))
@@ -71,23 +78,27 @@ async def embed(
         found = (await runtime.cache.get_many([poly_key], m * dim, shared=False))[0]
         poly = found.reshape(m, dim) if found is not None else None
     stages.observe("cache_read", time.perf_counter() - started)
-    missing = [t for t in distinct if vectors[t] is None]
-    if poly_for is not None and poly is None and poly_for not in missing:
-        missing.append(poly_for)  # cached vector, evicted poly vectors: encode it again
+    missing = [item for item in distinct if vectors[item] is None]
+    if poly_for is not None and poly is None and (poly_for, "context") not in missing:
+        missing.append((poly_for, "context"))  # cached vector, evicted poly vectors: encode it again
     if missing:
         started = time.perf_counter()
-        ids = serving.encoder.tokenize(missing, "context")
+        ids_of: dict[tuple[str, Side], list[int]] = {}
+        for side in dict.fromkeys(side for _, side in missing):
+            these = [item for item in missing if item[1] == side]
+            ids_of.update(zip(these, serving.encoder.tokenize([t for t, _ in these], side), strict=True))
+        ids = [ids_of[item] for item in missing]
         stages.observe("tokenize", time.perf_counter() - started)
-        job = EncodeJob(serving.encoder, ids, poly=poly_for is not None)
+        job = EncodeJob(serving.encoder, ids, poly=poly_for is not None, sides=[side for _, side in missing])
         encoded = await runtime.encoder_queue.submit(job, job.tokens)
         fresh: dict[str, np.ndarray] = {}
         fresh_poly: dict[str, np.ndarray] = {}
         key_of = dict(zip(distinct, keys, strict=True))
-        for i, text in enumerate(missing):
+        for i, item in enumerate(missing):
             # `poly_for` is one of `texts` as `reply` calls this; a caller's other text gets its key here.
-            key = key_of.get(text) or runtime.cache.key(checksum, "context", text, lowercase)
-            vectors[text] = fresh[key] = encoded.vectors[i]
-            if text == poly_for and encoded.poly is not None:
+            key = key_of.get(item) or runtime.cache.key(checksum, item[1], item[0], lowercase)
+            vectors[item] = fresh[key] = encoded.vectors[i]
+            if item == (poly_for, "context") and encoded.poly is not None:
                 poly = encoded.poly[i]
                 fresh_poly[poly_key] = poly.reshape(-1)
         started = time.perf_counter()
@@ -96,7 +107,7 @@ async def embed(
         # joined context, which a session's next turn never repeats: the process keeps them.
         await runtime.cache.put_many(fresh_poly, share=False)
         stages.observe("cache_write", time.perf_counter() - started)
-    out = [vectors[t] for t in texts]
+    out = [vectors[item] for item in items]
     assert all(v is not None for v in out)  # every miss was just encoded
     return [v for v in out if v is not None], poly
 
@@ -163,8 +174,11 @@ async def reply(runtime: Runtime, turns: Sequence[str], options: ReplyOptions, e
     wants_context = "reply_matching" in allowed or "reaction" in allowed
     with_poly = rerank and "reply_matching" in allowed  # reactions need no poly vectors
     joined = serving.encoder.join_context(turns)
+    # The last turn is compared with stored queries, so it is encoded as they were.
+    query_side: Side = serving.index.manifest.query_side
     texts = ([turns[-1]] if wants_query else []) + ([joined] if wants_context else [])
-    vectors, poly = await embed(runtime, serving, texts, joined if with_poly else None)
+    sides = ([query_side] if wants_query else []) + (["context"] if wants_context else [])
+    vectors, poly = await embed(runtime, serving, texts, joined if with_poly else None, sides)
     laps = Laps()  # the walk's searches, rerank and reactions, timed in the pool's thread
     request = retriever.WalkRequest(
         window=window,
@@ -234,8 +248,8 @@ async def similar_queries(
     runtime: Runtime, text: str, k: int, set_name: str = DEFAULT_SET
 ) -> tuple[list[tuple[str, str, float]], str]:
     serving = runtime.current(set_name)
-    vector = (await embed(runtime, serving, [text]))[0][0]  # [D]
     index = serving.index
+    vector = (await embed(runtime, serving, [text], sides=[index.manifest.query_side]))[0][0]  # [D]
     scores, rows = await runtime.pool.run(retriever.search_queries, serving, vector, k)
     matches = [
         (index.query_texts[r], index.reply_texts[int(index.query_reply_rows[r])], round(s, 6))
