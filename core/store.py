@@ -54,6 +54,9 @@ STAGING_PREFIX = ".staging-"
 REPLY_INDEX = "replies.faiss"
 QUERY_INDEX = "queries.faiss"
 REACTION_INDEX = "reactions.faiss"  # only when the upload brought reactions
+# [S, D] float32 context vectors a build checked its reply graph's recall with (`index.build`): an
+# append reuses them rather than encode them again. A version from before them has none.
+PROBES = "probes.npy"
 # Text compresses about 3:1 and is read once per load: gzip keeps a version of ~100k candidates under 150 MB.
 TABLES = "candidates.json.gz"
 RECORDS = "records.jsonl.gz"
@@ -314,6 +317,19 @@ class IndexStore:
     def write_index(self, staging: Path, name: str, index: faiss.Index) -> None:
         """One of a version's indexes (REPLY_INDEX, QUERY_INDEX, REACTION_INDEX), into a staging directory."""
         faiss.write_index(index, str(staging / name))
+
+    def write_probes(self, staging: Path, probes: np.ndarray) -> None:
+        """[S, D] the context vectors a build checked recall with (PROBES), into a staging directory."""
+        with (staging / PROBES).open("wb") as f:
+            np.save(f, probes.astype(np.float32))
+
+    def probes(self, version: str) -> np.ndarray | None:
+        """[S, D] the version's PROBES; None for a version from before them, or an unreadable file."""
+        try:
+            probes: np.ndarray = np.load(self.path(version) / PROBES)
+        except (OSError, ValueError):
+            return None
+        return probes if probes.ndim == 2 else None
 
     def write_texts(self, staging: Path, records: Sequence[Candidate], tables: Tables) -> None:
         """A version's texts, into a staging directory (`commit` adds the manifest and moves it into place)."""

@@ -275,14 +275,20 @@ def build_version(
 CARRY_BELOW_NEW = 0.1
 
 
+def _small_append(t: Tables, known: KnownVectors, fresh: Encoded) -> bool:
+    return known.version is not None and len(fresh.rows) < CARRY_BELOW_NEW * len(t.reply_texts)
+
+
 def _starting_confidences(
-    t: Tables, known: KnownVectors, fresh: Encoded, encoder: Encoder, reply_index: faiss.Index, said: np.ndarray
+    t: Tables, known: KnownVectors, fresh: Encoded, encoder: Encoder, reply_index: faiss.Index, said: np.ndarray | None
 ) -> list[float]:
     """`IndexManifest.confidence_quantiles` for this version (`index/confidence.py`). said: [S, D] its
-    sample of stored replies as contexts."""
+    sample of stored replies as contexts, where this build encoded it; else they are encoded here."""
     earlier = known.store.manifest(known.version).confidence_quantiles if known.store and known.version else []
-    if earlier and len(fresh.rows) < CARRY_BELOW_NEW * len(t.reply_texts):
+    if earlier and _small_append(t, known, fresh):
         return earlier
+    if said is None:
+        return quantiles(stored_reply_confidences(reply_index, t.reply_texts, encoder))
     vectors = dict(zip(sampled(t.reply_texts), said, strict=True))
     return quantiles(
         stored_reply_confidences(
@@ -313,15 +319,21 @@ def _index_and_commit(
     lap = time.perf_counter()
     # Replies are searched with context vectors: stored turns said as one-turn contexts are the
     # nearest thing to real ones, to check the graph's recall with and to start the confidences
-    # from (`index/confidence.py`, whose sample this is): 500 texts, 0.5% of a full build's passes.
-    said = encoder.encode(sampled(t.reply_texts), "context")  # [S, D]
+    # from (`index/confidence.py`, whose sample this is). 500 texts are 0.5% of a full build's
+    # passes but most of an append of a few candidates, which checks with the earlier version's.
+    small = _small_append(t, known, fresh)
+    carried = known.store.probes(known.version) if small and known.store and known.version else None
+    said = encoder.encode(sampled(t.reply_texts), "context") if carried is None else None  # [S, D]
+    probes = carried if carried is not None else said  # [P, D]
     reply_vectors = _gather(t.reply_texts, known, fresh)  # [R, D]
-    reply_index, reply_report = ann.build(reply_vectors, "graph", probes=said)
+    reply_index, reply_report = ann.build(reply_vectors, "graph", probes=probes)
     checks = {"reply_self_retrieval": self_retrieval(reply_index, reply_vectors)}
     confidence_quantiles = _starting_confidences(t, known, fresh, encoder, reply_index, said)
     if reply_index.d != encoder.dim or reply_index.ntotal != len(t.reply_texts):
         raise RuntimeError(f"index validation failed: dim {reply_index.d}, rows {reply_index.ntotal}")
     store.write_index(staging, REPLY_INDEX, reply_index)
+    if probes is not None:
+        store.write_probes(staging, probes)
     del reply_vectors, reply_index
     stages["replies"], lap = round(time.perf_counter() - lap, 2), time.perf_counter()
 

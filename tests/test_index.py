@@ -316,3 +316,11 @@ def test_each_distinct_text_is_encoded_once_as_a_stored_turn_and_serves_both_ind
     as_contexts = encoder.encode(version.query_texts, "context")  # [Q, D]
     assert (stored * as_replies).sum(axis=1).min() > 0.99  # the same vectors, through 8-bit codes
     assert (stored * as_contexts).sum(axis=1).mean() < 0.97  # the prefixes make the sides differ
+
+    # An append of a few candidates encodes those and nothing else: the recall check reuses the
+    # probes the earlier version kept (500 context passes were most of such a reindex, under load).
+    encoded.clear()
+    more = [*candidates, *(Candidate(reply=f"a new reply {i}", query=f"a new question {i}?") for i in range(3))]
+    appended = build_version(more, Counting(bundle_dir, bundle), bundle.checksum, store, "t", progress=False)
+    assert encoded == Counter({"reply": 6}) and appended.encoded == 6
+    np.testing.assert_array_equal(store.probes(appended.version), store.probes(manifest.version))
