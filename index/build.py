@@ -109,6 +109,10 @@ class KnownVectors:
     def __contains__(self, text: str) -> bool:
         return any(text in rows for rows in self.rows.values())
 
+    def probes(self) -> np.ndarray | None:
+        """[P, D] the earlier version's recall probes (`IndexStore.probes`); None when it kept none."""
+        return self.store.probes(self.version) if self.store and self.version else None
+
     def index(self, name: str) -> faiss.Index | None:
         """The earlier version's REPLY_INDEX or QUERY_INDEX; None when there is none."""
         if self.store is None or self.version is None:
@@ -321,8 +325,7 @@ def _index_and_commit(
     # nearest thing to real ones, to check the graph's recall with and to start the confidences
     # from (`index/confidence.py`, whose sample this is). 500 texts are 0.5% of a full build's
     # passes but most of an append of a few candidates, which checks with the earlier version's.
-    small = _small_append(t, known, fresh)
-    carried = known.store.probes(known.version) if small and known.store and known.version else None
+    carried = known.probes() if _small_append(t, known, fresh) else None
     said = encoder.encode(sampled(t.reply_texts), "context") if carried is None else None  # [S, D]
     probes = carried if carried is not None else said  # [P, D]
     reply_vectors = _gather(t.reply_texts, known, fresh)  # [R, D]
