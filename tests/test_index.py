@@ -54,7 +54,10 @@ def test_small_sets_scan_8_bit_codes_and_keep_the_recall_target() -> None:
 
 
 @pytest.mark.parametrize(("structure", "kind"), [("graph", "hnsw64-sq8"), ("inverted", "ivf")])
-def test_large_sets_reach_the_recall_target_against_exact_search(structure: ann.Structure, kind: str) -> None:
+def test_large_sets_reach_the_recall_target_against_exact_search(
+    structure: ann.Structure, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ann, "INVERTED_ABOVE", ann.EXACT_BELOW)  # an inverted file at a size a test can build
     rows = sentence_like(ann.EXACT_BELOW + 5300)
     vectors, queries = rows[:-300], rows[-300:]  # queries: same distribution, not in the index
     probes = rows[-600:-300] if structure == "graph" else None
@@ -66,9 +69,12 @@ def test_large_sets_reach_the_recall_target_against_exact_search(structure: ann.
 
 
 @pytest.mark.parametrize("structure", ["graph", "inverted"])
-def test_a_narrow_search_finds_a_near_copy_first_as_the_full_search_does(structure: ann.Structure) -> None:
+def test_a_narrow_search_finds_a_near_copy_first_as_the_full_search_does(
+    structure: ann.Structure, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Query similarity answers only on a near copy of a stored query (cosine ~0.998): the
     fewest probes must find it, or a turn it should answer goes to reply matching."""
+    monkeypatch.setattr(ann, "INVERTED_ABOVE", ann.EXACT_BELOW)
     vectors = sentence_like(ann.EXACT_BELOW + 5000)
     index, _ = ann.build(vectors, structure)
     rng = np.random.default_rng(1)
@@ -88,10 +94,33 @@ def test_a_narrow_search_of_a_flat_index_is_the_exact_search() -> None:
     np.testing.assert_array_equal(ann.narrow_search(index, vectors[:20], 10)[1], index.search(vectors[:20], 10)[1])
 
 
-def test_an_ann_that_misses_the_recall_target_falls_back_to_exact_search(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ann, "EF_SEARCH_CHOICES", (1,))  # a greedy walk on structureless data
-    index, report = ann.build(unit_rows(ann.EXACT_BELOW + 5000, 32))  # uniform on the sphere
+def test_stored_queries_below_inverted_above_scan_their_codes_without_an_inverted_file(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On chitchat's 92k queries an inverted file cost 7.5 s to build and never reached the target."""
+    monkeypatch.setattr(ann, "ivf_sq8", lambda vectors: pytest.fail("built an inverted file"))
+    vectors = sentence_like(ann.EXACT_BELOW + 1000)
+    index, report = ann.build(vectors, "inverted")
+    assert report.kind == "flat-sq8" and report.recall_at_10 >= ann.RECALL_TARGET
+    assert index.ntotal == len(vectors)
+
+
+def test_a_graph_that_misses_the_recall_target_falls_back_to_a_scan_of_its_codes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(ann, "EF_SEARCH_CHOICES", (1,))  # a walk too short to find the top 10
+    index, report = ann.build(sentence_like(ann.EXACT_BELOW + 5000))
+    assert report.kind == "flat-sq8" and report.recall_at_10 >= ann.RECALL_TARGET
+    assert index.ntotal == ann.EXACT_BELOW + 5000
+
+
+def test_codes_that_miss_the_recall_target_fall_back_to_exact_search(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ann, "EF_SEARCH_CHOICES", (1,))
+    # 4-bit codes of uniform points: too coarse to rank their near neighbours (a scan of them too)
+    monkeypatch.setattr(ann, "QUANTIZER", faiss.ScalarQuantizer.QT_4bit)
+    index, report = ann.build(unit_rows(ann.EXACT_BELOW + 5000, 32))
     assert report.kind == "flat" and index.ntotal == ann.EXACT_BELOW + 5000
+    assert isinstance(index, faiss.IndexFlatIP)
 
 
 def test_tables_dedupe_replies_and_keep_a_query_row_per_pair() -> None:
