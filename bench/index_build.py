@@ -80,6 +80,7 @@ def build(tree: Path, artifacts: Path, corpus: Path | None) -> dict[str, Any]:
         "version": version,
         "query_side": manifest.get("query_side", "context"),
         "ann": manifest["ann"],
+        "stage_seconds": manifest.get("stage_seconds", {}),  # from the build's own clock; older builds lack it
     }
 
 
@@ -166,15 +167,17 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"`{report['command']}` on {report['cpu']}, the release bundle, the chitchat train candidates.",
         "",
-        "| build | wall s | encode s | rest s | texts encoded | encoder passes |",
-        "|---|---|---|---|---|---|",
+        "| build | wall s | encode s | rest s | texts encoded | passes | reply index | query index | stages s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name in ("before", "after"):
         if name in report:
             b = report[name]
+            stages = ", ".join(f"{k} {v:.1f}" for k, v in b.get("stage_seconds", {}).items()) or "–"
             lines.append(
                 f"| {name} ({b['commit']}) | {b['wall_s']} | {b['encode_s']} | {b['rest_s']} | "
-                f"{b['texts_encoded']:,} | {b['encoder_passes']:,} |"
+                f"{b['texts_encoded']:,} | {b['encoder_passes']:,} | {b['ann']['replies']['kind']} | "
+                f"{b['ann']['queries']['kind']} | {stages} |"
             )
     if "speedup" in report:
         c = report["comparison"]
