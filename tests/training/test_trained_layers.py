@@ -22,7 +22,7 @@ from models.multilingual import BundleSpec, build_bundle, built_with, tuned_spec
 from models.multilingual_release import gates, korean_figures, translation_top1, tune_source
 from models.multilingual_tune import freeze_below, trained_parameter_names
 from models.parallel import PARALLEL
-from models.trained_layers import interpolate, overlay, read_release, write_release
+from models.trained_layers import compare, interpolate, overlay, read_release, write_release
 from tests.training.tiny_bert import TEXTS, tiny, tokenizer_path
 
 pytestmark = [pytest.mark.training, pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")]
@@ -74,6 +74,18 @@ def test_released_layers_are_checked_against_their_manifest(tmp_path: Path) -> N
     np.savez(tmp_path / "layers.npz", **changed)
     with pytest.raises(ValueError, match="sha256"):
         read_release(tmp_path)
+
+
+def test_a_rebuild_equal_in_value_matches_though_a_zero_changed_sign() -> None:
+    """Retrained on an EPYC with VNNI, the tracked layers came back equal in value, with 17 zeros of the
+    other sign: the file's sha256 differs, the tensors' digest must not."""
+    release = {"w": np.array([[0.0, 0.5], [-0.25, 1.0]], np.float16), "b": np.array([1.0, 0.0], np.float16)}
+    rebuilt = {"w": release["w"].copy(), "b": np.array([1.0, -0.0], np.float16)}
+    same = compare(rebuilt, release)
+    assert same["identical"] and same["max_abs_diff"] == 0.0 and same["elements_whose_bits_differ"] == 1
+    rebuilt["w"][0, 1] = np.nextafter(np.float16(0.5), np.float16(1.0))  # one step of fp16 away
+    moved = compare(rebuilt, release)
+    assert not moved["identical"] and moved["identical_tensors"] == 1 and moved["max_abs_diff"] > 0
 
 
 def test_the_judge_reads_what_the_tune_measured_from_a_tune_output_or_a_release(tmp_path: Path) -> None:
