@@ -57,9 +57,10 @@ def compare(rebuilt: dict[str, np.ndarray], release: dict[str, np.ndarray]) -> d
     """How far a rebuild's tensors are from a release's: equal in value, or the largest difference."""
     shared = sorted(set(rebuilt) & set(release))
     diffs = [float(np.abs(rebuilt[n].astype(np.float32) - release[n].astype(np.float32)).max()) for n in shared]
+    digests = [tensors_sha256(rebuilt), tensors_sha256(release)]
     return {
-        "tensors_sha256": [tensors_sha256(rebuilt), tensors_sha256(release)],
-        "identical": tensors_sha256(rebuilt) == tensors_sha256(release),
+        "tensors_sha256": digests,
+        "identical": digests[0] == digests[1],
         "tensors": [len(rebuilt), len(release)],
         "identical_tensors": sum(d == 0.0 for d in diffs),
         "elements_whose_bits_differ": sum(int((_bits(rebuilt[n]) != _bits(release[n])).sum()) for n in shared),
