@@ -23,7 +23,7 @@ ZEROSHOT_E5 := artifacts/bundles/multilingual-e5-small-int8
 
 .PHONY: help install install-train install-test install-dev run serve index first-slice train-e5 train-script eval ood release judge \
 	baselines pack multilingual multilingual-tune multilingual-release bench-encoders bench-lexical run-multilingual test test-service test-training \
-	lint format typecheck pytest lock bench bench-profile bench-load bench-precision bench-ann bench-filters bench-cache bench-narrow bench-exact-query bench-reaction-share bench-reindex bench-first-slice bench-index-build bench-first-run chaos clean \
+	lint format typecheck pytest lock bench bench-profile bench-load bench-precision bench-ann bench-filters bench-cache bench-narrow bench-exact-query bench-reaction-share bench-reindex bench-first-slice bench-index-build bench-encode-spin bench-first-run chaos clean \
 	docker
 
 help:
@@ -246,6 +246,9 @@ bench-first-slice: install index  ## the first slice's answers against the full 
 # BEFORE: a commit to time beside this tree in the same sitting (#50: the build before 3fe3403's successor).
 bench-index-build: install  ## the full index build timed, phase by phase; BEFORE=<commit> for a one-sitting comparison -> reports/index_build.{md,json}
 	$(PY) -m bench.index_build $(if $(BEFORE),--before $(BEFORE))
+
+bench-encode-spin: install  ## the build's encode with spinning against sleeping threads, paired -> reports/encode_spin.{md,json}
+	$(PY) -m bench.encode_spin
 
 bench-first-run:  ## fresh clone -> install, first slice, first answer, full index serving, timed -> reports/first_run.json
 	python3 -m bench.first_run

@@ -57,8 +57,9 @@ def main(argv: list[str] | None = None) -> None:
     candidates = corpus_candidates(bundle.max_context_turns, args.corpus)
     print(f"[index] {len(candidates)} chitchat train candidates in {time.perf_counter() - started:.1f}s")
     # Threads that spin between the ops of a run: this build is all the process does. On an EPYC with
-    # VNNI, alternate halves of each of the full build's chunks took 125.6 s spinning against 133.9 s
-    # sleeping (6%). The service's own builds keep sleeping threads, which leave the cores to requests.
+    # VNNI, alternate halves of each of the full build's chunks took 124.4 s spinning against 128.1 s
+    # sleeping, 3% (`make bench-encode-spin`; 6% in an earlier paired run). The service's own builds
+    # keep sleeping threads, which leave the cores to requests.
     encoder = Encoder(bundle_dir, bundle, spin=True)
     cache = EncodeCache(args.artifacts / "cache" / "encode", bundle.checksum)
     if args.first_slice:
