@@ -53,6 +53,7 @@ def run_steps(
     checkpoint: Path,
     every: int,
     budget_s: float | None = None,
+    probed_total: int | None = None,
 ) -> dict[str, float]:
     """Optimises batch_loss(step) for steps [resumed step, total_steps); returns the stage's figures.
 
@@ -61,6 +62,11 @@ def run_steps(
     bounded by the minutes it holds the machine, not by a count set ahead. The
     schedule then warms up and decays over the shrunk total, which is
     checkpointed, so a resume keeps it.
+
+    With `probed_total` too, the probe is not timed: the total shrinks to that
+    recorded figure at the same step. A rebuild of a budgeted run then follows its
+    schedule (warmup and decay over the original total until the probe, over
+    the shrunk one after) on any machine, however fast.
     """
     for group in optimizer.param_groups:
         group.setdefault("initial_lr", group["lr"])
@@ -106,11 +112,15 @@ def run_steps(
         if step == resumed_from + BUDGET_WARMUP:
             probe_started = time.perf_counter()
         if budget_s is not None and step == resumed_from + BUDGET_WARMUP + BUDGET_PROBE:
-            per_step = (time.perf_counter() - probe_started) / BUDGET_PROBE
-            fits = step + int((budget_s - (time.perf_counter() - started)) / per_step)
+            if probed_total is not None:
+                fits, found = probed_total, "the recorded probe"
+            else:
+                per_step = (time.perf_counter() - probe_started) / BUDGET_PROBE
+                fits = step + int((budget_s - (time.perf_counter() - started)) / per_step)
+                found = f"{per_step * 1000:.0f} ms a step"
             if fits < total_steps:
-                print(f"[{name}] {per_step * 1000:.0f} ms a step: {fits} of {total_steps} steps fit {budget_s:.0f} s",
-                      file=sys.stderr, flush=True)  # fmt: skip
+                cut = f"{found}: {fits} of {total_steps} steps fit {budget_s:.0f} s"
+                print(f"[{name}] {cut}", file=sys.stderr, flush=True)
                 total_steps = max(step, fits)
                 bar.total = total_steps
         bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")

@@ -91,3 +91,27 @@ def test_a_budget_cuts_the_steps_to_what_fits_and_a_resume_keeps_the_cut(tmp_pat
     assert torch.load(tmp_path / "c.pt", weights_only=False)["total_steps"] == stats["steps"]
     again = run_steps("budget", {"m": module}, opt, 10_000, 0.05, loss, tmp_path / "c.pt", 10)
     assert again["steps"] == stats["steps"] and len(calls) == stats["steps"]  # nothing left to run
+
+
+def test_a_recorded_probe_replays_the_budgeted_schedule_whatever_the_machine_speed(tmp_path: Path) -> None:
+    """A rebuild of a budgeted run: the same learning rates step for step, on a machine of any speed."""
+
+    def run(work: Path, sleep_s: float, probed_total: int | None) -> list[float]:
+        weight = torch.nn.Parameter(torch.zeros(1))
+        module = torch.nn.Module()
+        module.weight = weight
+        opt = torch.optim.SGD([weight], lr=0.1)
+        rates: list[float] = []
+
+        def loss(step: int) -> torch.Tensor:
+            rates.append(opt.param_groups[0]["lr"])
+            time.sleep(sleep_s)
+            return (weight - 1).pow(2).sum()
+
+        run_steps("probe", {"m": module}, opt, 400, 0.05, loss, work / "c.pt", 1000, 0.4, probed_total)
+        return rates
+
+    timed = run(tmp_path / "timed", 0.01, None)  # the original run: its probe shrinks 400 to what fits 0.4 s
+    assert 25 <= len(timed) < 400
+    replayed = run(tmp_path / "replayed", 0.0, len(timed))  # a far faster machine would fit all 400
+    assert replayed == timed
