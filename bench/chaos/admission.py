@@ -9,71 +9,57 @@ on one Redis and one artifacts folder, with load on all three throughout.
 from __future__ import annotations
 
 import os
-import random
 import threading
 import time
-import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from bench.chaos.attackers import rare_candidates
 from bench.chaos.context import SESSION_ENTRIES, Context
-from bench.chaos.harness import RedisServer, Service, rows, summary, traffic
+from bench.chaos.harness import RedisServer, Service, attack, rows, summary, traffic, wait_for
 from bench.chaos.replicas import converged, fresh_candidates, pointer, submit
 from core.store import IndexStore
 from index.candidates import REDIS_KEY, RedisCandidateStore
 
-ADMIN_BODY_BYTES = 32 * 2**20  # the largest admin upload the service accepts
 ATTACKERS = 8
-# The others' p99 with the attack beside it, against their own p99 alone, same run. Two cores are
-# shared with the attackers' own client, so "holds" is within 2x, not within noise.
+# The others' p99 with the attack beside it, against their own p99 alone, same run. The others' own
+# client and the attacker's share the service's two cores, so "holds" is within 2x, not within noise.
 P99_RATIO_BAR = 2.0
 RSS_GROWTH_BAR_MB = 64.0  # one 32 MiB body read whole would show as 32 MiB per attacker in flight
+# 23's attacker's own cost (writing 32 MiB bodies) is not the service's: see bench/chaos/attackers.py.
+BODIES_NICE = 19
 
 
-def _attack(stop: threading.Event, send: Callable[[httpx.Client], int | str], out: list[Any]) -> None:
-    with httpx.Client(timeout=30) as client:
-        while not stop.is_set():
-            started = time.perf_counter()
-            try:
-                status: int | str = send(client)
-            except httpx.HTTPError as error:  # the server closed the connection on an unread body
-                status = type(error).__name__
-            out.append({"status": status, "latency_ms": (time.perf_counter() - started) * 1000})
-
-
-def _under_attack(
-    ctx: Context, service: Service, name: str, send: Callable[[httpx.Client], int | str], attackers: int
-) -> dict[str, Any]:
-    """The others' load alone, then again with `attackers` threads running `send` in a loop; RSS sampled."""
+def _under_attack(ctx: Context, service: Service, name: str, kind: str, attackers: int, nice: int) -> dict[str, Any]:
+    """The others' load alone, then again beside `attackers` of `kind` (bench/chaos/attackers.py) in a
+    process of their own at `nice`; RSS sampled."""
     seconds = ctx.durations.admission_load
     alone = ctx.work / f"{name}-alone.jsonl"
     cpu = [_cpu_s(service)]
     traffic(service.url, alone, seconds=seconds, clients=4, tag=f"{name}a").wait()
     cpu.append(_cpu_s(service))
     rss = [service.status()["rss_kb"]]
-    stop, attacks = threading.Event(), []  # type: ignore[var-annotated]
-    threads = [threading.Thread(target=_attack, args=(stop, send, attacks)) for _ in range(attackers)]
+    stop = threading.Event()
 
     def sample() -> None:
         while not stop.wait(0.1):
             rss.append(service.status()["rss_kb"])
 
-    threads.append(threading.Thread(target=sample))
-    for t in threads:
-        t.start()
-    attacked = ctx.work / f"{name}-attacked.jsonl"
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    attacks_file, attacked = ctx.work / f"{name}-attacks.jsonl", ctx.work / f"{name}-attacked.jsonl"
+    attacker = attack(service.url, attacks_file, kind, attackers, nice)
     try:
+        wait_for(lambda: attacks_file.is_file() and attacks_file.stat().st_size > 0, 30)  # under way
         cpu.append(_cpu_s(service))
         traffic(service.url, attacked, seconds=seconds, clients=4, tag=f"{name}b").wait()
         cpu.append(_cpu_s(service))
     finally:
+        attacker.terminate()
+        attacker.wait(60)
         stop.set()
-        for t in threads:
-            t.join()
-    before, during = summary(rows(alone)), summary(rows(attacked))
+        sampler.join()
+    before, during, attacks = summary(rows(alone)), summary(rows(attacked)), rows(attacks_file)
     statuses: dict[str, int] = {}
     for a in attacks:
         statuses[str(a["status"])] = statuses.get(str(a["status"]), 0) + 1
@@ -85,10 +71,11 @@ def _under_attack(
         "attack_requests": len(attacks),
         "attack_statuses": statuses,
         "attack_5xx": sum(isinstance(a["status"], int) and a["status"] >= 500 for a in attacks),
+        "attack_nice": nice,
         "rss_mb": [round(rss[0] / 1024, 1), round(max(rss) / 1024, 1)],  # before the attack, its peak
         "rss_growth_mb": round((max(rss) - rss[0]) / 1024, 1),
-        # The service's own CPU seconds a second of the window, alone and attacked: on 2 cores the
-        # attackers' client competes for the same cores, and this tells its cost from the service's.
+        # The service's own CPU seconds a second of the window, alone and attacked: what the attack
+        # costs the service, apart from what the clients on the same two cores cost.
         "service_cpu_s_per_s": [round((cpu[1] - cpu[0]) / seconds, 2), round((cpu[3] - cpu[2]) / seconds, 2)],
     }
 
@@ -103,14 +90,8 @@ def _cpu_s(service: Service) -> float:
 def unauthenticated_bodies(ctx: Context) -> dict[str, Any]:
     """#49 item 1: POSTs of 32 MiB admin bodies with no token, 8 at a time without pause. The token is
     checked before any body byte is read, so RSS holds and the others' p99 with it."""
-    body = b'{"reply": "x"}\n' * (ADMIN_BODY_BYTES // 15)
-    headers = {"content-type": "application/x-ndjson"}
-
-    def send(client: httpx.Client) -> int:
-        return client.post(f"{service.url}/admin/candidates", content=body, headers=headers).status_code
-
     with ctx.redis() as redis, ctx.service("s23", redis) as service:
-        figures = _under_attack(ctx, service, "s23", send, ATTACKERS)
+        figures = _under_attack(ctx, service, "s23", "admin-bodies", ATTACKERS, BODIES_NICE)
     refused = all(s in ("401", "429") or not s.isdigit() for s in figures["attack_statuses"])
     correct = (
         figures["alone"]["status_5xx"] == figures["attacked"]["status_5xx"] == 0
@@ -126,25 +107,9 @@ def fresh_exclude_ids(ctx: Context) -> dict[str, Any]:
     """#49 item 2: `/reply` with a selective filter (200 tagged candidates) and 256 made-up
     `exclude_ids` each time. The filter's copy is keyed on its tags alone, so it is built once,
     and the others' p99 holds."""
-    tagged = [
-        {"query": f"what about the rare thing {i}?", "reply": f"the rare answer {i}", "id": f"rare-{i}"}
-        | {"tags": ["rare"]}
-        for i in range(200)
-    ]
-    lines = [p["query"] for p in tagged]  # not the replies: a reply that repeats the context is never served
-    rng = random.Random(0)
-
-    def send(client: httpx.Client) -> int:
-        body = {
-            "context": [rng.choice(lines)],
-            "filter": {"tags_any": ["rare"]},
-            "exclude_ids": [uuid.uuid4().hex for _ in range(256)],
-        }
-        return client.post(f"{service.url}/reply", json=body).status_code
-
     with ctx.redis() as redis, ctx.service("s24", redis) as service:
-        job = service.wait_job(submit(service, tagged)["job_id"], timeout_s=300)
-        figures = _under_attack(ctx, service, "s24", send, ATTACKERS // 2)
+        job = service.wait_job(submit(service, rare_candidates())["job_id"], timeout_s=300)
+        figures = _under_attack(ctx, service, "s24", "exclude-ids", ATTACKERS // 2, 0)
     figures["tagged_upload"] = job["state"]
     correct = (
         job["state"] == "succeeded"

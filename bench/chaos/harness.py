@@ -229,6 +229,13 @@ def flood(url: str, out: Path, seconds: float, connections: int) -> subprocess.P
     return subprocess.Popen(command, cwd=ROOT)
 
 
+def attack(url: str, out: Path, kind: str, threads: int, nice: int) -> subprocess.Popen[bytes]:
+    """`bench.chaos.attackers`: `threads` attackers of one kind until terminated, at `nice`."""
+    command = [sys.executable, "-m", "bench.chaos.attackers", "--url", url, "--out", str(out), "--kind", kind]
+    command += ["--threads", str(threads), "--nice", str(nice)]
+    return subprocess.Popen(command, cwd=ROOT)
+
+
 def rows(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
