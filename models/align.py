@@ -8,9 +8,11 @@ import torch
 
 def shared_words(student_vocab: dict[str, int], minilm_vocab: dict[str, int]) -> list[tuple[int, int]]:
     """(student id, MiniLM id) of pieces both vocabularies spell alike: a word start "▁x"
-    is WordPiece's "x", a continuation "x" is its "##x". One-letter words ("▁a") are left out."""
+    is WordPiece's "x", a continuation "x" is its "##x". One-letter words ("▁a") are left out.
+    In the student's id order, whatever order the vocabulary comes in (a tokenizer's changes
+    from one process to the next): the map fitted on them is then the same on every run."""
     pairs = []
-    for piece, student_id in student_vocab.items():
+    for piece, student_id in sorted(student_vocab.items(), key=lambda item: item[1]):
         word = piece[1:] if piece.startswith("▁") else "##" + piece
         if len(word) > 1 and word in minilm_vocab:
             pairs.append((student_id, minilm_vocab[word]))

@@ -101,9 +101,12 @@ class ScriptConfig:
 
 def korean_pieces(e5_vocab: dict[str, int], minilm_vocab: dict[str, int]) -> dict[str, list[int]]:
     """New WordPiece spelling -> the e5 ids whose rows start it: every Hangul piece of e5's,
-    and every syllable those pieces hold as a word of its own and as a continuation."""
+    and every syllable those pieces hold as a word of its own and as a continuation.
+
+    In e5's id order: `Tokenizer.get_vocab()` iterates in a hash order that changes from one
+    process to the next, and the order given here is the new rows' ids and the map's inputs."""
     pieces: dict[str, list[int]] = {}
-    for piece, e5_id in e5_vocab.items():
+    for piece, e5_id in sorted(e5_vocab.items(), key=lambda item: item[1]):
         if HANGUL.search(piece):
             pieces.setdefault(piece[1:] if piece.startswith("▁") else "##" + piece, []).append(e5_id)
     syllables = sorted({c for piece in e5_vocab for c in piece if HANGUL.match(c)})

@@ -34,6 +34,15 @@ def test_korean_pieces_are_spelt_as_wordpiece_spells_words_and_cover_every_sylla
     assert pieces["##가"] == [5]  # e5 has only the word start: it starts the continuation too
 
 
+def test_korean_pieces_come_in_e5_id_order_whatever_order_the_vocabulary_comes_in() -> None:
+    """Their order is the new rows' ids: a tokenizer's get_vocab() order changes with each process."""
+    e5 = {"▁": 0, "▁안녕": 1, "하세요": 2, "▁hello": 3, "요": 4, "▁가": 5, "▁친구": 6, "세": 7}
+    minilm = {"[UNK]": 0, "hello": 1, "가": 2}
+    pieces = list(korean_pieces(e5, minilm).items())
+    assert list(korean_pieces(dict(reversed(e5.items())), minilm).items()) == pieces
+    assert [spelling for spelling, _ in pieces[:4]] == ["안녕", "##하세요", "##요", "친구"]
+
+
 def test_the_extended_tokenizer_reads_english_as_minilm_does_and_korean_without_unk(tmp_path: Path) -> None:
     minilm = minilm_path() / TOKENIZER_FILE
     e5 = {"▁": 0, "▁안녕": 1, "하세요": 2, "▁친구": 3, "야": 4}
