@@ -4,6 +4,7 @@
     python -m models.script_student --work artifacts/script-student --export     # -> an int8 bundle
     python -m models.script_student --work DIR --rows-from models/release/minilm --export [--fp32] [--fuse]
         # the shipped rows, re-exported under another graph or precision, without the training run
+    python -m models.script_student --compare artifacts/bundles/script-student-int8   # a rebuild against the release
 
 Run 3 and run 4 (docs/experiments.md) found that a student reading one
 multilingual tokenizer ranks English replies it never saw far below
@@ -53,6 +54,7 @@ from tokenizers import Tokenizer
 from torch import nn
 from transformers import BertModel
 
+from core.bundle import RELEASE_ROOT
 from index.corpus import load_conversations, split_summary
 from models.align import fit_map, procrustes, shared_words
 from models.batches import Tokenise
@@ -327,6 +329,39 @@ def served_word_rows(bundle: Path) -> tuple[np.ndarray, float]:
     return (table - zero) * scale, scale
 
 
+def compare(rebuilt: Path, release: Path) -> dict[str, Any]:
+    """A rebuilt bundle's rows against the release's, piece by piece (a rebuild may number the
+    pieces another way: the release's run took them in a hash order): the same pieces, the same
+    English rows, and how far each Korean row moved, as a cosine and in int8 steps."""
+    vocabs = [
+        json.loads((b / TOKENIZER_FILE).read_text(encoding="utf-8"))["model"]["vocab"] for b in (rebuilt, release)
+    ]
+    english = load_pretrained().body.config.vocab_size
+    new = [{piece: i for piece, i in vocab.items() if i >= english} for vocab in vocabs]
+    (table, scale), (release_table, release_scale) = served_word_rows(rebuilt), served_word_rows(release)  # [V + K, D]
+    shared = sorted(new[0].keys() & new[1].keys())
+    rows = table[[new[0][p] for p in shared]]  # [K, D]
+    release_rows = release_table[[new[1][p] for p in shared]]  # [K, D]
+    cosines = (rows * release_rows).sum(1) / (
+        np.linalg.norm(rows, axis=1) * np.linalg.norm(release_rows, axis=1)
+    )  # [K]
+    steps = np.abs(np.rint(rows / scale) - np.rint(release_rows / release_scale))  # [K, D]
+    return {
+        "same_pieces": new[0].keys() == new[1].keys(),
+        "pieces": len(shared),
+        "pieces_at_another_id": sum(new[0][p] != new[1][p] for p in shared),
+        "english_rows_equal": bool(np.array_equal(table[:english], release_table[:english])),
+        "same_scale": scale == release_scale,
+        "row_cosine": {
+            "mean": round(float(cosines.mean()), 5),
+            "p1": round(float(np.percentile(cosines, 1)), 5),
+            "min": round(float(cosines.min()), 5),
+        },
+        "int8_codes_equal": round(float((steps == 0).mean()), 4),
+        "int8_steps_max": int(steps.max()),
+    }
+
+
 def rows_from_bundle(bundle: Path, work: Path) -> None:
     """Writes a bundle's Korean rows, tokenizer and training record into `work`, as a finished run
     leaves them, so that `export` can rebuild the bundle under another graph or precision.
@@ -385,7 +420,7 @@ def export(pack: Pack, work: Path, bundles: Path, name: str, quantize: bool = Tr
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pack", type=Path, default=Path("artifacts/pack"))
-    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--work", type=Path, help="the run's folder (required but with --compare)")
     parser.add_argument("--steps", type=int, default=ScriptConfig.steps)
     parser.add_argument("--budget-s", type=float, default=ScriptConfig.budget_s)
     parser.add_argument(
@@ -400,7 +435,13 @@ def main() -> None:
     parser.add_argument("--rows-from", type=Path, help="a bundle of this student whose rows --export rebuilds")
     parser.add_argument("--fp32", action="store_true", help="--export without int8 (a speed baseline)")
     parser.add_argument("--fuse", action="store_true", help="--export with ORT's transformer fusions")
+    parser.add_argument("--compare", type=Path, help="a rebuilt bundle: its rows against the release's")
     args = parser.parse_args()
+    if args.compare:
+        print(json.dumps(compare(args.compare, RELEASE_ROOT / "minilm"), indent=1))
+        return
+    if args.work is None:
+        parser.error("--work is required")
     args.work.mkdir(parents=True, exist_ok=True)
     if args.rows_from:
         rows_from_bundle(args.rows_from, args.work)

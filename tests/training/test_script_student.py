@@ -95,6 +95,30 @@ def test_the_minilm_bundle_serves_minilms_english_rows_and_its_korean_rows_can_b
     assert (tmp_path / TOKENIZER_FILE).read_bytes() == (minilm_bundle / TOKENIZER_FILE).read_bytes()
 
 
+def test_a_rebuild_is_compared_with_the_release_piece_by_piece_not_id_by_id(tmp_path: Path) -> None:
+    import json
+    import shutil
+
+    from core.bundle import RELEASE_ROOT
+    from models.script_student import compare
+
+    release = RELEASE_ROOT / "minilm"
+    same = compare(release, release)
+    assert same["same_pieces"] and same["pieces_at_another_id"] == 0 and same["english_rows_equal"]
+    assert same["row_cosine"]["min"] == pytest.approx(1.0) and same["int8_codes_equal"] == 1.0
+    # Two new pieces that trade ids, their rows left in place: each now names the other's row.
+    rebuilt = tmp_path / "rebuilt"
+    shutil.copytree(release, rebuilt)
+    spec = json.loads((rebuilt / TOKENIZER_FILE).read_text(encoding="utf-8"))
+    vocab = spec["model"]["vocab"]
+    first, second = (p for p, i in vocab.items() if i in (len(vocab) - 2, len(vocab) - 1))
+    vocab[first], vocab[second] = vocab[second], vocab[first]
+    (rebuilt / TOKENIZER_FILE).write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
+    swapped = compare(rebuilt, release)
+    assert swapped["same_pieces"] and swapped["pieces_at_another_id"] == 2 and swapped["english_rows_equal"]
+    assert swapped["row_cosine"]["min"] < 0.99 and swapped["int8_codes_equal"] < 1.0
+
+
 def test_translated_korean_maps_to_the_chitchat_turns_it_translates_and_nothing_else_does() -> None:
     import json
 
