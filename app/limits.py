@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pydantic import SecretStr
@@ -82,12 +83,18 @@ class AdmissionLimit:
 
 class BodySizeLimit:
     def __init__(
-        self, app: ASGIApp, max_bytes: int, bulk_bytes: int | None = None, bulk_paths: re.Pattern[str] | None = None
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        bulk_bytes: int | None = None,
+        bulk_paths: re.Pattern[str] | None = None,
+        path_bytes: Mapping[str, int] | None = None,
     ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.bulk_bytes = bulk_bytes or max_bytes  # the limit of paths that take bulk uploads
         self.bulk_paths = bulk_paths  # matched whole against the path
+        self.path_bytes = dict(path_bytes or {})  # paths with a limit of their own (their schema's largest body)
 
     async def _reject(self, send: Send, limit: int) -> None:
         await _send_error(send, ApiError(ErrorKind.payload_too_large, f"request body exceeds {limit} bytes", "body"))
@@ -97,7 +104,7 @@ class BodySizeLimit:
             await self.app(scope, receive, send)
             return
         bulk = self.bulk_paths is not None and self.bulk_paths.fullmatch(scope["path"]) is not None
-        limit = self.bulk_bytes if bulk else self.max_bytes
+        limit = self.bulk_bytes if bulk else self.path_bytes.get(scope["path"], self.max_bytes)
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             await self._reject(send, limit)

@@ -22,6 +22,7 @@ from app.engine.runtime import build_runtime
 from app.limits import AdminGate, Admission, AdmissionLimit, BodySizeLimit
 from app.metrics import Metrics
 from app.routes import admin, demo, health, metrics, reply, similar
+from app.schemas import BODY_LIMITS
 from index.first_slice import owed
 
 log = logging.getLogger(__name__)
@@ -80,11 +81,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_bytes=settings.max_body_bytes,
         bulk_bytes=settings.admin_max_body_bytes,
         bulk_paths=UPLOAD_PATHS,
+        path_bytes=BODY_LIMITS,
     )
     # Outside the size limit, which reads the body: an admin body is read only with the token, a few at a time.
     app.add_middleware(AdminGate, token=settings.admin_token, max_bodies=settings.admin_max_bodies_in_flight)
     app.add_middleware(
-        AdmissionLimit, admission=app.state.admission, paths=ENCODER_ROUTES, max_drain_bytes=settings.max_body_bytes
+        AdmissionLimit, admission=app.state.admission, paths=ENCODER_ROUTES, max_drain_bytes=max(BODY_LIMITS.values())
     )
     # Outermost: it logs and counts 413s and 429s too.
     app.add_middleware(

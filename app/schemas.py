@@ -30,6 +30,21 @@ MAX_PAIRS = 64  # one encoder batch
 MAX_SESSION_ID_CHARS = 128
 MAX_TAGS = 16  # on a record, and in each list of a filter
 MAX_EXCLUDE_IDS = 256  # a client excluding what it said recently needs tens, not thousands
+MAX_ID_CHARS = 128
+
+# The largest body the encoder routes' schemas allow, as json.dumps writes it by default
+# (ensure_ascii): a character outside the BMP takes 12 bytes ("\ud83d\ude00"), a Hangul syllable 6.
+# The body limit must let it through: at 64 KiB, twenty turns of 1,000 Korean characters from a
+# Python client (120 kB) were refused with 413 though their schema let them through (#49, item 12).
+ESCAPED_CHAR_BYTES = 12
+OTHER_FIELDS_BYTES = 16 * 1024  # every other field at its limit, and JSON's punctuation, with room to spare
+BODY_LIMITS = {
+    "/reply": MAX_TURNS * MAX_TURN_CHARS * ESCAPED_CHAR_BYTES
+    + MAX_EXCLUDE_IDS * (MAX_ID_CHARS + 4)
+    + OTHER_FIELDS_BYTES,
+    "/similar": MAX_PAIRS * 2 * MAX_TURN_CHARS * ESCAPED_CHAR_BYTES + OTHER_FIELDS_BYTES,
+}
+
 # Strict: JSON `true` is not a k of 1, nor "0.5" a threshold.
 Cosine = Annotated[float, Field(ge=-1.0, le=1.0, strict=True)]  # every threshold is on a cosine scale
 
@@ -79,7 +94,7 @@ Count = Annotated[int, Field(ge=1, le=MAX_K), BeforeValidator(_whole_number)]
 SetName = Annotated[str, StringConstraints(min_length=1, max_length=32, pattern=f"^{SET_NAME.pattern}$")]
 SetQuery = Annotated[SetName, Query(description="A candidate set; the default set unless named.")]
 # A candidate's id, as uploaded or as /reply returns it ("reaction:3" for the model's reactions).
-CandidateId = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")]
+CandidateId = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID_CHARS, pattern=r"^[A-Za-z0-9._:-]+$")]
 # A tag on a candidate ("kids", "campaign-2026", "persona:mina"): a short slug, compared exactly.
 Tag = Annotated[str, StringConstraints(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9._:-]+$")]
 

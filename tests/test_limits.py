@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
 import pytest
 
-from app.schemas import MAX_K, MAX_PAIRS, MAX_SESSION_ID_CHARS, MAX_TURN_CHARS, MAX_TURNS
+from app.schemas import (
+    BODY_LIMITS,
+    MAX_EXCLUDE_IDS,
+    MAX_ID_CHARS,
+    MAX_K,
+    MAX_PAIRS,
+    MAX_SESSION_ID_CHARS,
+    MAX_TAGS,
+    MAX_TURN_CHARS,
+    MAX_TURNS,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -98,18 +109,42 @@ async def test_malformed_json_names_the_body(client: httpx.AsyncClient) -> None:
 
 
 async def test_oversize_body_is_413_before_parsing(client: httpx.AsyncClient) -> None:
-    body = b'{"context": ["' + b"a" * 70_000 + b'"]}'
+    body = b'{"context": ["' + b"a" * BODY_LIMITS["/reply"] + b'"]}'
     response = await client.post("/reply", content=body, headers={"content-type": "application/json"})
     assert_error(response, 413, "payload_too_large", "body")
 
 
 async def test_oversize_chunked_body_without_length_is_413(client: httpx.AsyncClient) -> None:
     async def chunks():  # type: ignore[no-untyped-def]
-        for _ in range(100):
+        for _ in range(BODY_LIMITS["/reply"] // 1024 + 1):
             yield b"a" * 1024
 
     response = await client.post("/reply", content=chunks(), headers={"content-type": "application/json"})
     assert_error(response, 413, "payload_too_large", "body")
+
+
+def _longest_text(i: int) -> str:
+    """A turn at its length limit, in the characters json.dumps writes longest (12 bytes each)."""
+    return chr(0x1F600 + i % 64) * MAX_TURN_CHARS
+
+
+async def test_the_largest_bodies_their_schema_allows_are_answered_not_refused_for_size(
+    client: httpx.AsyncClient,
+) -> None:
+    """A schema-valid body is never a 413: the fuzzer's ST202 (#49, item 12), and a Korean client's long
+    turns, were schema-valid bodies over a 64 KiB limit."""
+    reply = {
+        "context": [_longest_text(i) for i in range(MAX_TURNS)],
+        "exclude_ids": [f"{i:0{MAX_ID_CHARS}d}" for i in range(MAX_EXCLUDE_IDS)],
+        "filter": {"tags_none": [f"{i:032d}" for i in range(MAX_TAGS)]},
+        "k": MAX_K,
+    }
+    similar = {"pairs": [[_longest_text(i), _longest_text(i + 1)] for i in range(MAX_PAIRS)]}
+    for path, body in (("/reply", reply), ("/similar", similar)):
+        content = json.dumps(body).encode()  # ensure_ascii, as Python clients send by default
+        assert 64 * 1024 < len(content) <= BODY_LIMITS[path]
+        response = await client.post(path, content=content, headers={"content-type": "application/json"})
+        assert response.status_code == 200, response.text[:300]
 
 
 async def test_unknown_route_and_method_use_the_same_shape(client: httpx.AsyncClient) -> None:

@@ -8,7 +8,10 @@ import logging
 import pytest
 
 from app import logs
+from app.schemas import BODY_LIMITS
 from tests.helpers import AppFactory
+
+JSON_BODY = {"content-type": "application/json"}
 
 pytestmark = pytest.mark.anyio
 
@@ -26,7 +29,7 @@ async def test_each_request_logs_one_json_line_with_its_id_and_what_served_it(
         response = await client.post("/reply", json={"session_id": "user-7", "message": "my cat is sick"})
         echoed = await client.get("/healthz", headers={"x-request-id": "caller-chosen-42"})
         hostile = await client.get("/healthz", headers={"x-request-id": "bad id\r\nx: y"})
-        too_big = await client.post("/reply", content=b"x" * 100_000, headers={"content-type": "application/json"})
+        too_big = await client.post("/reply", content=b"x" * (BODY_LIMITS["/reply"] + 1), headers=JSON_BODY)
     lines = access_lines(caplog)
     assert [line["status"] for line in lines] == [200, 200, 200, 413]
     reply = lines[0]
