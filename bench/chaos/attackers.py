@@ -13,9 +13,12 @@ attack is what the bar is about. Here everything shares two cores. Scenario
 bodies into loopback sockets (the kernel's copy is the sender's), and the
 service's own CPU fell from 1.53 to 0.95 core-seconds a second under attack
 (reports/chaos_rerun_latency.md): the others' p99 then measured the cores the
-attacker's client took from the service. At nice 19 that client runs on what
-the service and the others' load leave. Scenario 24's attack is `/reply`
-requests, whose cost is the service's, so it runs at the harness's priority.
+attacker's client took from the service. At nice 19 that client's own CPU
+yields to the service's; the kernel's loopback work for its bodies does not
+all follow it (in a later full run the service's CPU still fell, 1.57 to 1.16,
+and the ratio read 1.76x in one run, 2.67x in the next: docs/reliability.md).
+Scenario 24's attack is `/reply` requests, whose cost is the service's, so it
+runs at the harness's priority.
 """
 
 from __future__ import annotations
