@@ -19,10 +19,9 @@ from bench.latency import cpu_description
 from bench.reports import write
 from core.bundle import RELEASE_BUNDLE, open_bundle
 from core.encoder import Encoder
-from index.build import corpus_candidates, tables
+from index.build import ENCODE_CHUNK, corpus_candidates, tables
 
 ROOT = Path(__file__).resolve().parents[1]
-CHUNK = 1024  # as index.build.encode_missing
 
 
 def main() -> None:
@@ -33,8 +32,8 @@ def main() -> None:
     sleeping = Encoder(RELEASE_BUNDLE, bundle)
     sessions = {"sleeping": sleeping, "spinning": sleeping.sibling(spin=True)}
     seconds = dict.fromkeys(sessions, 0.0)
-    for i, start in enumerate(range(0, len(texts), CHUNK)):
-        chunk = [texts[j] for j in order[start : start + CHUNK]]
+    for i, start in enumerate(range(0, len(texts), ENCODE_CHUNK)):
+        chunk = [texts[j] for j in order[start : start + ENCODE_CHUNK]]
         names = list(sessions) if i % 2 else list(sessions)[::-1]
         for name, half in zip(names, (chunk[0::2], chunk[1::2]), strict=True):
             started = time.perf_counter()

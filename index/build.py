@@ -120,6 +120,7 @@ class KnownVectors:
         return self.store.stored_index(self.version, name)
 
 
+ENCODE_CHUNK = 1024  # texts a build encodes at a time, length-sorted: one cache entry, one progress step
 DECODE_CHUNK = 8192  # rows decoded from an earlier index at a time: ~12 MB of fp32 at D = 384
 
 
@@ -156,7 +157,7 @@ def encode_missing(
     encoder: Encoder,
     t: Tables,
     known: KnownVectors,
-    chunk: int = 1024,
+    chunk: int = ENCODE_CHUNK,
     progress: bool = True,
     on_fraction: Callable[[float], None] = lambda fraction: None,
     cache: EncodeCache | None = None,
