@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from app.engine.priority import SERVING, lowered
 from app.engine.stats import STAGE_BOUNDS, Buckets
 
 Item = TypeVar("Item")
@@ -89,7 +90,8 @@ class Batcher(Generic[Item, Result]):
         self._closed = False
         # One thread runs every batch (one batch runs at a time), through the loop's own
         # executor hop: ~50 µs a batch cheaper than anyio's to_thread (compute.py).
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="encoder")
+        # Below the event loop's priority, so refusals and health checks need not wait for a batch.
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="encoder", initializer=lowered(SERVING))
 
     @property
     def pending(self) -> int:

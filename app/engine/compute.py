@@ -13,7 +13,8 @@ The hop to the worker is the loop's own `run_in_executor`: anyio's
 `to_thread.run_sync` costs about 50 µs more a call (its capacity limiter,
 cancel scope and backend lookups; 129 against 77 µs for a no-op here), paid
 by every `/reply`. A caller cancelled mid-search (at shutdown) stops
-counting as pending while its search finishes.
+counting as pending while its search finishes. The workers run below the
+event loop's priority (`priority.py`), as the encoder's do.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import TypeVar
 import faiss
 
 from app.engine.batcher import Overloaded
+from app.engine.priority import SERVING, lowered
 
 T = TypeVar("T")
 
@@ -37,7 +39,7 @@ class ComputePool:
         self.pending = 0
         self.refused = 0
         self.faiss_threads = faiss_threads
-        self._executor = ThreadPoolExecutor(workers, thread_name_prefix="search")
+        self._executor = ThreadPoolExecutor(workers, thread_name_prefix="search", initializer=lowered(SERVING))
         self._worker = threading.local()  # whether this worker thread has set its FAISS threads
 
     async def run(self, fn: Callable[..., T], *args: object) -> T:

@@ -1,6 +1,6 @@
 """Zero-downtime reindex jobs: build off to the side, validate, swap, tell the replicas.
 
-A job runs in a background thread at lower CPU priority (nice 10, inherited
+A job runs in a background thread at lower CPU priority (`priority.BACKGROUND`, inherited
 by its encoder's threads), so live requests keep most of the machine. Nothing is written to the
 candidate store or the current-version pointer until the new version has been
 built and validated; a failed job changes nothing that serves.
@@ -16,9 +16,7 @@ The lock (`claim`) and the steps after a swap (`after_swap`) are shared with
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +24,7 @@ from typing import Any
 
 from app.engine.jobs import Job, JobStore, Lock, Renewer, fail_dead
 from app.engine.memory import return_freed_memory
+from app.engine.priority import BACKGROUND, lower_this_thread
 from app.engine.runtime import Runtime
 from app.engine.sets import CandidateSet
 from app.engine.stats import Buckets
@@ -37,7 +36,6 @@ from index.encode_cache import EncodeCache
 
 log = logging.getLogger(__name__)
 
-BACKGROUND_NICE = 10  # Linux: per-thread niceness; inherited by threads it starts
 # A job's final state is retried this long: unsaved, the job would read as running,
 # then as interrupted, whatever really happened.
 FINAL_SAVE_S = 120
@@ -111,9 +109,7 @@ class Reindexer:
         return holding
 
     def _run(self, job: Job, holding: Renewer, upload: list[Candidate], lines: list[int] | None = None) -> None:
-        # Not Linux, or not permitted: the job runs at normal priority.
-        with contextlib.suppress(OSError, AttributeError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
+        lower_this_thread(BACKGROUND)
         try:
             job.state = "running"
             self._build_and_swap(job, holding, upload, lines)

@@ -27,6 +27,7 @@ from app.engine.compute import ComputePool
 from app.engine.encoding import EncoderQueue, encoder_queue
 from app.engine.kernels import choose_lone_session
 from app.engine.kv import Guarded, open_store
+from app.engine.priority import SERVING, in_lowered_thread
 from app.engine.sessions import SessionStore
 from app.engine.sets import (
     DEFAULT_SET,
@@ -216,9 +217,12 @@ def load_model(settings: Settings, bundle_dir: Path | None = None) -> Model:
     """The bundle at `bundle_dir` (default: the default encoder's) with what serving needs of it."""
     bundle_dir = bundle_dir or settings.bundle_dir
     bundle = open_bundle(bundle_dir)  # a bundle whose files do not match its manifest stops here
-    encoder = Encoder(bundle_dir, bundle, settings.ort_intra_op_threads, settings.ort_spin)
+    # Made in a lowered thread, so the sessions' own threads start below the event loop (priority.py).
+    encoder = in_lowered_thread(
+        lambda: Encoder(bundle_dir, bundle, settings.ort_intra_op_threads, settings.ort_spin), SERVING
+    )
     if settings.ort_spin_alone and not settings.ort_spin:
-        spinning = encoder.sibling(settings.ort_intra_op_threads, spin=True)
+        spinning = in_lowered_thread(lambda: encoder.sibling(settings.ort_intra_op_threads, spin=True), SERVING)
         encoder.alone_choice = choose_lone_session(encoder, spinning)
     if bundle.poly is not None and not encoder.has_poly:
         raise BundleError(f"bundle {bundle.name}: the manifest names a poly head the encoder graph lacks")

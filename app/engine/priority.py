@@ -1,0 +1,63 @@
+"""CPU priority of the threads that do serving's heavy work, below the event loop's.
+
+The event loop answers what must stay fast under any load: 429 refusals, /livez, /readyz. On two
+cores the encoder's threads and the search threads can keep both cores busy, and at equal priority
+the loop waits its turn behind them (chaos scenario 6, refusals p99: 47.7 and 60.7 ms in two full
+runs, against a 50 ms bar). At a lower priority (a higher Linux nice, per thread) the scheduler
+runs the loop as soon as it wakes, and the heavy threads still take every cycle the loop leaves. A
+reindex runs lower still, so live requests keep most of the machine while it builds.
+
+Linux keeps niceness per thread, and a thread starts with its creator's: onnxruntime's intra-op
+threads are started when a session is created, so a session made in a lowered thread
+(`in_lowered_thread`) has every one of its threads lowered. Levels are relative to the main
+thread's, where the loop runs, so a service started under `nice` keeps the same order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+SERVING = 5  # the encoder and search threads: the loop gets ~3/4 of a core it contends for (weights 1024:335)
+BACKGROUND = 15  # a reindex: ~9:1 behind the serving threads, as nice 10 was behind nice 0 (weights 335:36)
+MAX_NICE = 19
+
+
+def lower_this_thread(levels: int) -> None:
+    """Runs the calling thread `levels` nice steps below the main thread. Not Linux, or not
+    permitted: it keeps its priority, and the service works as before, only with a slower loop
+    under load."""
+    with contextlib.suppress(OSError, AttributeError):
+        loop_nice = os.getpriority(os.PRIO_PROCESS, os.getpid())  # the main thread's (Linux: pid = its tid)
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(MAX_NICE, loop_nice + levels))
+
+
+def lowered(levels: int) -> Callable[[], None]:
+    """A ThreadPoolExecutor initializer: each worker lowers itself before its first task."""
+    return lambda: lower_this_thread(levels)
+
+
+def in_lowered_thread(make: Callable[[], T], levels: int) -> T:
+    """make() called in a new thread `levels` below the loop, so whatever threads it starts (an
+    onnxruntime session's) start lowered too. Waits for it; its exception is raised here."""
+    outcome: list[T] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        lower_this_thread(levels)
+        try:
+            outcome.append(make())
+        except BaseException as error:  # handed to the caller, which raises it
+            failure.append(error)
+
+    thread = threading.Thread(target=run, name="lowered-start")
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+    return outcome[0]
