@@ -163,6 +163,7 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self._series: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}  # observe()'s, by its labels
         self.answers = Counter(
             "chitchat_answers", "Replies by the strategy that answered", ["source"], registry=self.registry
         )
@@ -172,8 +173,14 @@ class Metrics:
         self.registry.register(EngineCollector(state, admission))
 
     def observe(self, route: str, method: str, status: int, seconds: float) -> None:
-        self.requests.labels(route, method, str(status)).inc()
-        self.latency.labels(route, str(status)).observe(seconds)
+        # labels() costs several µs a call (a lock, the values checked and joined); under a flood every
+        # refusal pays it twice. The series are few (route templates x httptools' methods x statuses).
+        series = self._series.get((route, method, status))
+        if series is None:
+            series = self.requests.labels(route, method, str(status)), self.latency.labels(route, str(status))
+            self._series[route, method, status] = series
+        series[0].inc()
+        series[1].observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
