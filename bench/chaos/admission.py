@@ -25,19 +25,31 @@ ATTACKERS = 8
 # The others' p99 with the attack beside it, against their own p99 alone, same run. The others' own
 # client and the attacker's share the service's two cores, so "holds" is within 2x, not within noise.
 P99_RATIO_BAR = 2.0
+# 24's attack is `/reply` requests: any four more clients halve what the others get of two cores, so
+# against the others alone it reads about 2x whatever the requests carry (1.81x to 2.52x in three
+# runs). Item 2 is what `exclude_ids` adds: the bar holds the others' p99 beside the attack against
+# their p99 beside the same requests without `exclude_ids`, in the same run.
+EXCLUDE_IDS_RATIO_BAR = 1.5
 RSS_GROWTH_BAR_MB = 64.0  # one 32 MiB body read whole would show as 32 MiB per attacker in flight
 # 23's attacker's own cost (writing 32 MiB bodies) is not the service's: see bench/chaos/attackers.py.
 BODIES_NICE = 19
 
 
-def _under_attack(ctx: Context, service: Service, name: str, kind: str, attackers: int, nice: int) -> dict[str, Any]:
-    """The others' load alone, then again beside `attackers` of `kind` (bench/chaos/attackers.py) in a
-    process of their own at `nice`; RSS sampled."""
+def _under_attack(
+    ctx: Context, service: Service, name: str, kind: str, attackers: int, nice: int, control: str | None = None
+) -> dict[str, Any]:
+    """The others' load alone, then beside `attackers` of the `control` kind if one is named, then
+    beside as many of `kind` (bench/chaos/attackers.py), each in a process of its own at `nice`;
+    RSS sampled through the attack."""
     seconds = ctx.durations.admission_load
     alone = ctx.work / f"{name}-alone.jsonl"
     cpu = [_cpu_s(service)]
     traffic(service.url, alone, seconds=seconds, clients=4, tag=f"{name}a").wait()
     cpu.append(_cpu_s(service))
+    figures: dict[str, Any] = {"index": ctx.index_label(), "alone": summary(rows(alone))}
+    if control is not None:
+        beside, _ = _beside(ctx, service, f"{name}-control", control, attackers, nice)
+        figures["beside_control"] = summary(rows(beside))
     rss = [service.status()["rss_kb"]]
     stop = threading.Event()
 
@@ -47,27 +59,20 @@ def _under_attack(ctx: Context, service: Service, name: str, kind: str, attacker
 
     sampler = threading.Thread(target=sample)
     sampler.start()
-    attacks_file, attacked = ctx.work / f"{name}-attacks.jsonl", ctx.work / f"{name}-attacked.jsonl"
-    attacker = attack(service.url, attacks_file, kind, attackers, nice)
     try:
-        wait_for(lambda: attacks_file.is_file() and attacks_file.stat().st_size > 0, 30)  # under way
-        cpu.append(_cpu_s(service))
-        traffic(service.url, attacked, seconds=seconds, clients=4, tag=f"{name}b").wait()
-        cpu.append(_cpu_s(service))
+        attacked, attacks_file = _beside(ctx, service, name, kind, attackers, nice, cpu)
     finally:
-        attacker.terminate()
-        attacker.wait(60)
         stop.set()
         sampler.join()
-    before, during, attacks = summary(rows(alone)), summary(rows(attacked)), rows(attacks_file)
+    during, attacks = summary(rows(attacked)), rows(attacks_file)
     statuses: dict[str, int] = {}
     for a in attacks:
         statuses[str(a["status"])] = statuses.get(str(a["status"]), 0) + 1
+    figures.update(attacked=during, p99_ratio=_ratio(during, figures["alone"]))
+    if control is not None:
+        figures["p99_ratio_to_control"] = _ratio(during, figures["beside_control"])
     return {
-        "index": ctx.index_label(),
-        "alone": before,
-        "attacked": during,
-        "p99_ratio": round(during["p99_ms"] / max(before["p99_ms"], 1e-3), 2),
+        **figures,
         "attack_requests": len(attacks),
         "attack_statuses": statuses,
         "attack_5xx": sum(isinstance(a["status"], int) and a["status"] >= 500 for a in attacks),
@@ -78,6 +83,30 @@ def _under_attack(ctx: Context, service: Service, name: str, kind: str, attacker
         # costs the service, apart from what the clients on the same two cores cost.
         "service_cpu_s_per_s": [round((cpu[1] - cpu[0]) / seconds, 2), round((cpu[3] - cpu[2]) / seconds, 2)],
     }
+
+
+def _beside(
+    ctx: Context, service: Service, name: str, kind: str, attackers: int, nice: int, cpu: list[float] | None = None
+) -> tuple[Path, Path]:
+    """The others' load beside `attackers` of `kind` once they are under way: (its rows, theirs).
+    The service's CPU seconds are appended to `cpu` as the load starts and ends."""
+    attacks_file, load = ctx.work / f"{name}-attacks.jsonl", ctx.work / f"{name}-attacked.jsonl"
+    attacker = attack(service.url, attacks_file, kind, attackers, nice)
+    try:
+        wait_for(lambda: attacks_file.is_file() and attacks_file.stat().st_size > 0, 30)  # under way
+        if cpu is not None:
+            cpu.append(_cpu_s(service))
+        traffic(service.url, load, seconds=ctx.durations.admission_load, clients=4, tag=f"{name}b").wait()
+        if cpu is not None:
+            cpu.append(_cpu_s(service))
+    finally:
+        attacker.terminate()
+        attacker.wait(60)
+    return load, attacks_file
+
+
+def _ratio(during: dict[str, Any], before: dict[str, Any]) -> float:
+    return round(float(during["p99_ms"]) / max(float(before["p99_ms"]), 1e-3), 2)
 
 
 def _cpu_s(service: Service) -> float:
@@ -106,10 +135,10 @@ def unauthenticated_bodies(ctx: Context) -> dict[str, Any]:
 def fresh_exclude_ids(ctx: Context) -> dict[str, Any]:
     """#49 item 2: `/reply` with a selective filter (200 tagged candidates) and 256 made-up
     `exclude_ids` each time. The filter's copy is keyed on its tags alone, so it is built once,
-    and the others' p99 holds."""
+    and the others' p99 holds beside them as it does beside the same requests without the ids."""
     with ctx.redis() as redis, ctx.service("s24", redis) as service:
         job = service.wait_job(submit(service, rare_candidates())["job_id"], timeout_s=300)
-        figures = _under_attack(ctx, service, "s24", "exclude-ids", ATTACKERS // 2, 0)
+        figures = _under_attack(ctx, service, "s24", "exclude-ids", ATTACKERS // 2, 0, control="filtered")
     figures["tagged_upload"] = job["state"]
     correct = (
         job["state"] == "succeeded"
@@ -117,7 +146,7 @@ def fresh_exclude_ids(ctx: Context) -> dict[str, Any]:
         and figures["attack_5xx"] == 0
         and figures["attack_statuses"].get("200", 0) > 0
     )
-    timely = figures["p99_ratio"] <= P99_RATIO_BAR
+    timely = figures["p99_ratio_to_control"] <= EXCLUDE_IDS_RATIO_BAR
     return {**figures, "latency_bars_met": timely, "pass": ctx.verdict(correct, timely)}
 
 

@@ -18,7 +18,8 @@ yields to the service's; the kernel's loopback work for its bodies does not
 all follow it (in a later full run the service's CPU still fell, 1.57 to 1.16,
 and the ratio read 1.76x in one run, 2.67x in the next: docs/reliability.md).
 Scenario 24's attack is `/reply` requests, whose cost is the service's, so it
-runs at the harness's priority.
+runs at the harness's priority; its control (`filtered`) is the same requests
+without `exclude_ids`.
 """
 
 from __future__ import annotations
@@ -57,23 +58,30 @@ def admin_bodies(url: str, seed: int) -> Callable[[httpx.Client], int]:
     return lambda client: client.post(f"{url}/admin/candidates", content=body, headers=headers).status_code
 
 
-def exclude_ids(url: str, seed: int) -> Callable[[httpx.Client], int]:
-    """#49 item 2: a selective filter and 256 made-up ids to exclude, fresh each time."""
+def _filtered(url: str, seed: int, excluded: int) -> Callable[[httpx.Client], int]:
     lines = [c["query"] for c in rare_candidates()]  # not the replies: one that repeats the context is never served
     rng = random.Random(seed)
 
     def send(client: httpx.Client) -> int:
-        body = {
-            "context": [rng.choice(lines)],
-            "filter": {"tags_any": ["rare"]},
-            "exclude_ids": [uuid.uuid4().hex for _ in range(256)],
-        }
+        body: dict[str, Any] = {"context": [rng.choice(lines)], "filter": {"tags_any": ["rare"]}}
+        if excluded:
+            body["exclude_ids"] = [uuid.uuid4().hex for _ in range(excluded)]
         return client.post(f"{url}/reply", json=body).status_code
 
     return send
 
 
-KINDS = {"admin-bodies": admin_bodies, "exclude-ids": exclude_ids}
+def exclude_ids(url: str, seed: int) -> Callable[[httpx.Client], int]:
+    """#49 item 2: a selective filter and 256 made-up ids to exclude, fresh each time."""
+    return _filtered(url, seed, 256)
+
+
+def filtered(url: str, seed: int) -> Callable[[httpx.Client], int]:
+    """Scenario 24's control: the same requests without `exclude_ids`, what any caller may send."""
+    return _filtered(url, seed, 0)
+
+
+KINDS = {"admin-bodies": admin_bodies, "exclude-ids": exclude_ids, "filtered": filtered}
 
 
 def attacker(send: Callable[[httpx.Client], int], stop: threading.Event, out: IO[str], lock: threading.Lock) -> None:
