@@ -33,6 +33,7 @@ EXCLUDE_IDS_RATIO_BAR = 1.5
 RSS_GROWTH_BAR_MB = 64.0  # one 32 MiB body read whole would show as 32 MiB per attacker in flight
 # 23's attacker's own cost (writing 32 MiB bodies) is not the service's: see bench/chaos/attackers.py.
 BODIES_NICE = 19
+TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _under_attack(
@@ -43,9 +44,9 @@ def _under_attack(
     RSS sampled through the attack."""
     seconds = ctx.durations.admission_load
     alone = ctx.work / f"{name}-alone.jsonl"
-    cpu = [_cpu_s(service)]
+    cpu = [_cpu(service)]
     traffic(service.url, alone, seconds=seconds, clients=4, tag=f"{name}a").wait()
-    cpu.append(_cpu_s(service))
+    cpu.append(_cpu(service))
     figures: dict[str, Any] = {"index": ctx.index_label(), "alone": summary(rows(alone))}
     if control is not None:
         beside, _ = _beside(ctx, service, f"{name}-control", control, attackers, nice)
@@ -79,26 +80,37 @@ def _under_attack(
         "attack_nice": nice,
         "rss_mb": [round(rss[0] / 1024, 1), round(max(rss) / 1024, 1)],  # before the attack, its peak
         "rss_growth_mb": round((max(rss) - rss[0]) / 1024, 1),
-        # The service's own CPU seconds a second of the window, alone and attacked: what the attack
-        # costs the service, apart from what the clients on the same two cores cost.
-        "service_cpu_s_per_s": [round((cpu[1] - cpu[0]) / seconds, 2), round((cpu[3] - cpu[2]) / seconds, 2)],
+        # CPU seconds a second of the window, alone and attacked: the service's own, the attacker's
+        # process's, and the machine's softirq (loopback delivery) and idle time. What the attack costs
+        # the service, apart from what the clients on the same two cores cost.
+        "service_cpu_s_per_s": [_rate(cpu[0], cpu[1], "service", seconds), _rate(cpu[2], cpu[3], "service", seconds)],
+        "cpu_s_per_s": {
+            window: {k: _rate(start, end, k, seconds) for k in end}
+            for window, start, end in (("alone", cpu[0], cpu[1]), ("attacked", cpu[2], cpu[3]))
+        },
     }
 
 
 def _beside(
-    ctx: Context, service: Service, name: str, kind: str, attackers: int, nice: int, cpu: list[float] | None = None
+    ctx: Context,
+    service: Service,
+    name: str,
+    kind: str,
+    attackers: int,
+    nice: int,
+    cpu: list[dict[str, float]] | None = None,
 ) -> tuple[Path, Path]:
     """The others' load beside `attackers` of `kind` once they are under way: (its rows, theirs).
-    The service's CPU seconds are appended to `cpu` as the load starts and ends."""
+    CPU readings (`_cpu`) are appended to `cpu` as the load starts and ends."""
     attacks_file, load = ctx.work / f"{name}-attacks.jsonl", ctx.work / f"{name}-attacked.jsonl"
     attacker = attack(service.url, attacks_file, kind, attackers, nice)
     try:
         wait_for(lambda: attacks_file.is_file() and attacks_file.stat().st_size > 0, 30)  # under way
         if cpu is not None:
-            cpu.append(_cpu_s(service))
+            cpu.append(_cpu(service, attacker.pid))
         traffic(service.url, load, seconds=ctx.durations.admission_load, clients=4, tag=f"{name}b").wait()
         if cpu is not None:
-            cpu.append(_cpu_s(service))
+            cpu.append(_cpu(service, attacker.pid))
     finally:
         attacker.terminate()
         attacker.wait(60)
@@ -109,11 +121,26 @@ def _ratio(during: dict[str, Any], before: dict[str, Any]) -> float:
     return round(float(during["p99_ms"]) / max(float(before["p99_ms"]), 1e-3), 2)
 
 
-def _cpu_s(service: Service) -> float:
-    """User and system CPU seconds the service's process has used (/proc/PID/stat)."""
+def _cpu(service: Service, attacker: int | None = None) -> dict[str, float]:
+    """CPU seconds so far: the service's process's and the attacker's (user and system, /proc/PID/stat),
+    and the whole machine's softirq and idle time (/proc/stat)."""
     assert service.process is not None
-    fields = Path(f"/proc/{service.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    machine = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]  # user nice system idle iowait irq softirq
+    return {
+        "service": _process_s(service.process.pid),
+        "attacker": _process_s(attacker) if attacker is not None else 0.0,
+        "softirq": int(machine[6]) / TICKS,
+        "idle": int(machine[3]) / TICKS,
+    }
+
+
+def _process_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def _rate(start: dict[str, float], end: dict[str, float], key: str, seconds: float) -> float:
+    return round((end[key] - start[key]) / seconds, 2)
 
 
 def unauthenticated_bodies(ctx: Context) -> dict[str, Any]:
