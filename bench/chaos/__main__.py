@@ -163,7 +163,8 @@ SCENARIOS: dict[int, Scenario] = {
         encoders.two_sets_two_encoders,
     ),
     23: (
-        "8 clients posting 32 MiB admin bodies with no token, without pause (a process at nice 19), beside /reply load",
+        "8 clients posting 32 MiB admin bodies with no token, without pause "
+        "(a process and autogroup at nice 19), beside /reply load",
         "each refused unread (401, 429 or the connection closed); RSS peak <= +64 MB; 0 5xx; "
         "the others' p99 <= 2x their own alone",
         admission.unauthenticated_bodies,

@@ -219,21 +219,24 @@ def traffic(url: str | list[str], out: Path, **options: Any) -> subprocess.Popen
     for key, value in options.items():
         flag = "--" + key.replace("_", "-")
         command += [flag, *(str(v) for v in value)] if isinstance(value, list | tuple) else [flag, str(value)]
-    return subprocess.Popen(command, cwd=ROOT)
+    # A session of its own: its own autogroup, which the attackers can lower (attackers.py).
+    return subprocess.Popen(command, cwd=ROOT, start_new_session=True)
 
 
 def flood(url: str, out: Path, seconds: float, connections: int) -> subprocess.Popen[bytes]:
     """`bench.chaos.flood`: many connections on a client that times the server, not itself."""
     command = [sys.executable, "-m", "bench.chaos.flood", "--url", url, "--out", str(out)]
     command += ["--seconds", str(seconds), "--connections", str(connections)]
-    return subprocess.Popen(command, cwd=ROOT)
+    # A session of its own: its own autogroup, which the attackers can lower (attackers.py).
+    return subprocess.Popen(command, cwd=ROOT, start_new_session=True)
 
 
 def attack(url: str, out: Path, kind: str, threads: int, nice: int) -> subprocess.Popen[bytes]:
     """`bench.chaos.attackers`: `threads` attackers of one kind until terminated, at `nice`."""
     command = [sys.executable, "-m", "bench.chaos.attackers", "--url", url, "--out", str(out), "--kind", kind]
     command += ["--threads", str(threads), "--nice", str(nice)]
-    return subprocess.Popen(command, cwd=ROOT)
+    # A session of its own: its own autogroup, which the attackers can lower (attackers.py).
+    return subprocess.Popen(command, cwd=ROOT, start_new_session=True)
 
 
 def rows(path: Path) -> list[dict[str, Any]]:
