@@ -22,7 +22,7 @@ from core.store import IndexStore
 from index.candidates import REDIS_KEY, RedisCandidateStore
 
 ATTACKERS = 8
-# The others' p99 with the attack beside it, against their own p99 alone, same run. The others' own
+# 23: the others' p99 with the attack beside it, against their own p99 alone, same run. The others' own
 # client and the attacker's share the service's two cores, so "holds" is within 2x, not within noise.
 P99_RATIO_BAR = 2.0
 # 24's attack is `/reply` requests: any four more clients halve what the others get of two cores, so
