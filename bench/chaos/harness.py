@@ -212,6 +212,13 @@ def chaos_artifacts(source: Path, target: Path, bundle_checksum: str) -> Path:
     return target
 
 
+def _client(command: list[str]) -> subprocess.Popen[bytes]:
+    """A load or attack client in a session of its own, as the service is. The kernel's autogroups share
+    the cores between sessions first, so each client and the service compete as two programs, whatever
+    else the harness's session runs; an attacker also lowers its own group (attackers.py)."""
+    return subprocess.Popen(command, cwd=ROOT, start_new_session=True)
+
+
 def traffic(url: str | list[str], out: Path, **options: Any) -> subprocess.Popen[bytes]:
     """`bench.chaos.traffic` against one service, or several replicas (a list of URLs)."""
     urls = [url] if isinstance(url, str) else url
@@ -219,24 +226,21 @@ def traffic(url: str | list[str], out: Path, **options: Any) -> subprocess.Popen
     for key, value in options.items():
         flag = "--" + key.replace("_", "-")
         command += [flag, *(str(v) for v in value)] if isinstance(value, list | tuple) else [flag, str(value)]
-    # A session of its own: its own autogroup, which the attackers can lower (attackers.py).
-    return subprocess.Popen(command, cwd=ROOT, start_new_session=True)
+    return _client(command)
 
 
 def flood(url: str, out: Path, seconds: float, connections: int) -> subprocess.Popen[bytes]:
     """`bench.chaos.flood`: many connections on a client that times the server, not itself."""
     command = [sys.executable, "-m", "bench.chaos.flood", "--url", url, "--out", str(out)]
     command += ["--seconds", str(seconds), "--connections", str(connections)]
-    # A session of its own: its own autogroup, which the attackers can lower (attackers.py).
-    return subprocess.Popen(command, cwd=ROOT, start_new_session=True)
+    return _client(command)
 
 
 def attack(url: str, out: Path, kind: str, threads: int, nice: int) -> subprocess.Popen[bytes]:
     """`bench.chaos.attackers`: `threads` attackers of one kind until terminated, at `nice`."""
     command = [sys.executable, "-m", "bench.chaos.attackers", "--url", url, "--out", str(out), "--kind", kind]
     command += ["--threads", str(threads), "--nice", str(nice)]
-    # A session of its own: its own autogroup, which the attackers can lower (attackers.py).
-    return subprocess.Popen(command, cwd=ROOT, start_new_session=True)
+    return _client(command)
 
 
 def rows(path: Path) -> list[dict[str, Any]]:
