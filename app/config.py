@@ -80,8 +80,8 @@ class Settings(BaseSettings):
     # Requests on /reply and /similar at once, beyond which a new one gets 429 before its
     # body is read. Each sends one job to the encoder queue, so at max_pending the queue's
     # own refusal, which comes only after the body is parsed, is left as a backstop. 32: an admitted
-    # request queues behind the others, and under chaos scenario 6's flood on 2 cores the slowest
-    # waited 2.5-3.8 s at 32, 4.1-5.4 s at 64 (its bar: none over 5 s).
+    # request queues behind the others, and under chaos scenario 6's flood (Intel Xeon, 2 cores)
+    # the slowest waited 2.5-3.8 s at 32, 4.1-5.4 s at 64 (its bar: none over 5 s).
     max_in_flight: int = Field(default=32, ge=1)
     # Encoder batches: at most this many tokens, and an idle server waits at most
     # this long for other requests to join (`bench.load` measures the trade).

@@ -2,10 +2,10 @@
 
 The event loop answers what must stay fast under any load: 429 refusals, /livez, /readyz. On two
 cores the encoder's threads and the search threads can keep both cores busy, and at equal priority
-the loop waits its turn behind them (chaos scenario 6, refusals p99: 47.7 and 60.7 ms in two full
-runs, against a 50 ms bar). At a lower priority (a higher Linux nice, per thread) the scheduler
-runs the loop as soon as it wakes, and the heavy threads still take every cycle the loop leaves. A
-reindex runs lower still, so live requests keep most of the machine while it builds.
+the loop waits its turn behind them (chaos scenario 6, refusals p99: 47.7 and 60.7 ms in two
+full runs on an AMD EPYC, against a 50 ms bar). At a lower priority (a higher Linux nice, per
+thread) the scheduler runs the loop as soon as it wakes, and the heavy threads still take every
+cycle the loop leaves. A reindex runs lower still, so live requests keep most of the machine.
 
 Linux keeps niceness per thread, and a thread starts with its creator's: onnxruntime's intra-op
 threads are started when a session is created, so a session made in a lowered thread
