@@ -18,6 +18,7 @@ from app import errors, first_build, logs
 from app.admin import build_admin
 from app.config import Settings, get_settings
 from app.engine import replicas
+from app.engine.memory import fix_malloc_thresholds
 from app.engine.runtime import build_runtime
 from app.limits import AdminGate, Admission, AdmissionLimit, BodySizeLimit
 from app.metrics import Metrics
@@ -39,6 +40,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         logs.configure(settings.log_level)
+        fix_malloc_thresholds()  # before the bundle and the index load: see its docstring
         app.state.runtime = None  # /readyz says 503 until the loader below is done
         app.state.draining = False
         app.state.load_error = None
