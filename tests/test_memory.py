@@ -53,7 +53,7 @@ asyncio.run(main())
 
 def test_a_finished_reindex_thread_leaves_no_freed_memory_resident(artifacts: Path) -> None:
     """Left to glibc's own thresholds, the 30 MB stay resident in the thread's arena after it exits,
-    malloc_trim or not (30 MB measured on the code before `fix_malloc_thresholds`)."""
+    malloc_trim or not (29 MB measured on the code before `fix_malloc_thresholds`)."""
     run = subprocess.run(
         [sys.executable, "-c", PROGRAM, str(artifacts)], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
