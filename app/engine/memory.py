@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import gc
 
@@ -17,9 +16,17 @@ MMAP_THRESHOLD = 1 << 20
 TRIM_THRESHOLD = 2 << 20
 
 
+def _glibc() -> ctypes.CDLL | None:
+    """The C library, where it is glibc; None elsewhere (musl, macOS): nothing to tune or trim."""
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+
+
 def fix_malloc_thresholds() -> bool:
-    """Fixes glibc's mmap and trim thresholds, once, before anything heavy loads; False where the
-    C library is not glibc.
+    """Fixes glibc's mmap and trim thresholds before anything heavy loads; False where the C
+    library is not glibc.
 
     Left to itself, glibc raises its mmap threshold to the largest mapped block freed so far (up
     to 32 MiB) and its trim threshold to twice that. After a reindex frees its ~15 MB vector
@@ -27,11 +34,10 @@ def fix_malloc_thresholds() -> bool:
     `malloc_trim` never trims the top of a thread's arena: the reindex thread's arena stayed
     ~30 MB resident after it exited, in about half of the 3-minute soaks (chaos scenario 15).
     Fixed values switch that rule off."""
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
+    libc = _glibc()
+    if libc is None:
         return False
-    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
 
 
 def return_freed_memory() -> None:
@@ -40,5 +46,6 @@ def return_freed_memory() -> None:
     reindex. malloc_trim hands it back to the OS (free chunks in any arena, and the main
     arena's top; a thread arena's top is `fix_malloc_thresholds`' part)."""
     gc.collect()
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
