@@ -17,8 +17,8 @@ rule that resolves them (`index.candidates.duplicates`).
 from __future__ import annotations
 
 import csv
-import io
 import json
+import re
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -140,38 +140,104 @@ class _Invalid:
     message: str
 
 
-def _json_items(body: bytes) -> list[tuple[int, Any]]:
+# What a format's reader yields for each record, in order: its line (its position in a JSON array)
+# and what it holds, or why it could not be read at all. A reader is lazy: the parse stops reading
+# the body once it has seen more records than it may take.
+Item = tuple[int, Any] | _Invalid
+
+_JSON = json.JSONDecoder()
+_SPACE = re.compile(r"[ \t\n\r]*")
+NOT_RECORDS = 'expected a JSON array of records, or {"records": [...]}'
+
+
+def _json_items(body: bytes) -> Iterator[Item]:
+    """Each element of the array (or of `{"records": [...]}`) decoded on its own, in turn: never the
+    whole list at once. Broken JSON anywhere is the body's error: past it nothing can be told apart."""
     try:
-        parsed = json.loads(body)
-    except ValueError as error:
+        text = body.decode(json.detect_encoding(body), "surrogatepass")  # as json.loads reads bytes
+    except UnicodeDecodeError as error:
         raise UploadError(f"body is not JSON: {error}", "body", []) from error
-    except RecursionError as error:  # json's parser recurses once per nesting level
-        raise UploadError("body is nested too deeply to be a list of records", "body", []) from error
-    if isinstance(parsed, dict) and set(parsed) == {"records"}:
-        parsed = parsed["records"]
-    if not isinstance(parsed, list):
-        raise UploadError('expected a JSON array of records, or {"records": [...]}', "body", [])
-    return list(enumerate(parsed, start=1))
+
+    def value(at: int) -> tuple[Any, int]:
+        try:
+            return _JSON.raw_decode(text, at)
+        except ValueError as error:
+            raise UploadError(f"body is not JSON: {error}", "body", []) from error
+        except RecursionError as error:  # json's parser recurses once per nesting level
+            raise UploadError("body is nested too deeply to be a list of records", "body", []) from error
+
+    def skip(at: int) -> int:
+        return _SPACE.match(text, at).end()  # type: ignore[union-attr]  # matches at least ""
+
+    at = skip(0)
+    wrapped = text.startswith("{", at)
+    if wrapped:  # {"records": [...]}, that key alone
+        at = skip(at + 1)
+        key, at = value(at) if text.startswith('"', at) else (None, at)
+        at = skip(at)
+        if key != "records" or not text.startswith(":", at):
+            raise UploadError(NOT_RECORDS, "body", [])
+        at = skip(at + 1)
+    if not text.startswith("[", at):
+        value(at)  # not JSON at all says so; JSON that is not a list of records says that
+        raise UploadError(NOT_RECORDS, "body", [])
+    at, number = skip(at + 1), 0
+    if text.startswith("]", at):
+        at += 1
+    else:
+        while True:
+            item, at = value(at)
+            number += 1
+            yield number, item
+            at = skip(at)
+            if text.startswith(",", at):
+                at = skip(at + 1)
+                continue
+            if not text.startswith("]", at):
+                raise UploadError(f"body is not JSON: expected ',' or ']' at character {at}", "body", [])
+            at += 1
+            break
+    at = skip(at)
+    if wrapped:
+        if not text.startswith("}", at):
+            raise UploadError(NOT_RECORDS, "body", [])
+        at = skip(at + 1)
+    if at != len(text):
+        raise UploadError(f"body is not JSON: extra data at character {at}", "body", [])
 
 
-def _ndjson_items(body: bytes) -> tuple[list[tuple[int, Any]], list[_Invalid]]:
-    items, errors = [], []
-    for number, line in enumerate(body.split(b"\n"), start=1):
+def _lines(body: bytes, ends: bytes) -> Iterator[bytes]:
+    """The body's lines, each with its line end, one at a time (`ends`: the bytes that end one)."""
+    for match in re.finditer(rb"[^" + ends + rb"]*(?:\r\n|[" + ends + rb"])|[^" + ends + rb"]+", body):
+        yield match.group()
+
+
+def _ndjson_items(body: bytes) -> Iterator[Item]:
+    for number, line in enumerate(_lines(body, rb"\n"), start=1):
         if not line.strip():
             continue
         try:
-            items.append((number, json.loads(line)))
+            yield number, json.loads(line)
         except ValueError as error:
-            errors.append(_Invalid(number, f"line {number}", f"invalid JSON: {error}"))
+            yield _Invalid(number, f"line {number}", f"invalid JSON: {error}")
         except RecursionError:  # json's parser recurses once per nesting level
-            errors.append(_Invalid(number, f"line {number}", "nested too deeply to be a record"))
-    return items, errors
+            yield _Invalid(number, f"line {number}", "nested too deeply to be a record")
 
 
-def _csv_rows(text: str) -> Iterator[tuple[int, list[str]]]:
+def _csv_text(body: bytes) -> Iterator[str]:
+    """The body's lines as text, decoded one at a time, each with its line end (LF, CRLF or a lone CR,
+    as `open(newline="")` splits them): csv reads a quoted field across lines from them."""
+    for number, line in enumerate(_lines(body, rb"\r\n"), start=1):
+        try:
+            yield line.decode("utf-8-sig" if number == 1 else "utf-8")
+        except UnicodeDecodeError as error:
+            raise UploadError(f"CSV is not UTF-8: line {number}: {error}", "body", []) from error
+
+
+def _csv_rows(body: bytes) -> Iterator[tuple[int, list[str]]]:
     """(first line, fields) per record. A quoted field may span lines: the record is named by its first,
     where an editor shows it starting; csv's line_num is its last."""
-    reader = csv.reader(io.StringIO(text, newline=""))
+    reader = csv.reader(_csv_text(body))
     first = 1
     for row in reader:
         if row:  # csv reads a blank line as []
@@ -179,12 +245,8 @@ def _csv_rows(text: str) -> Iterator[tuple[int, list[str]]]:
         first = reader.line_num + 1
 
 
-def _csv_items(body: bytes) -> tuple[list[tuple[int, Any]], list[_Invalid]]:
-    try:
-        text = body.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        raise UploadError(f"CSV is not UTF-8: {error}", "body", []) from error
-    rows = _csv_rows(text)
+def _csv_items(body: bytes) -> Iterator[Item]:
+    rows = _csv_rows(body)
     _, header = next(rows, (0, []))
     columns = [c.strip() for c in header]
     if "reply" not in columns:
@@ -200,73 +262,89 @@ def _csv_items(body: bytes) -> tuple[list[tuple[int, Any]], list[_Invalid]]:
     repeated = sorted(c for c, n in Counter(columns).items() if n > 1)
     if repeated:
         raise UploadError(f"the CSV header repeats {repeated}; name each column once", "body", [])
-    items, errors = [], []
     for number, row in rows:
         if len(row) > len(columns):
             # An unquoted comma splits a field in two: keeping the columns that fit would index half a reply.
             extra = len(row) - len(columns)
             reason = f"{extra} more field{'s' if extra > 1 else ''} than the header; quote fields that contain commas"
-            errors.append(_Invalid(number, f"line {number}", reason))
+            yield _Invalid(number, f"line {number}", reason)
             continue
         record: dict[str, Any] = {c: v for c, v in zip(columns, row, strict=False) if v != ""}
         if "tags" in record:
             record["tags"] = record["tags"].split(CSV_TAG_SEPARATOR)
-        items.append((number, record))
-    return items, errors
+        yield number, record
+
+
+def _candidate(record: CandidateIn | DeleteIn) -> Candidate:
+    if isinstance(record, DeleteIn):
+        return Candidate(reply="", id=record.id)  # deleting by id: the reply is a placeholder
+    return Candidate(
+        reply=record.reply,
+        query=record.query,
+        id=record.id,
+        metadata=dict(record.metadata) if record.metadata else None,
+        kind=record.kind,
+        language=record.language,
+        tags=tuple(record.tags or ()),
+    )
 
 
 def parse_upload(body: bytes, content_type: str, mode: Mode, max_records: int, on_invalid: OnInvalid) -> Upload:
+    """The upload's records, validated one by one as they are read. More than `max_records` records
+    (invalid ones included) is a 413 naming `records` as soon as the first one past the limit is
+    read: what follows is never parsed, so memory holds the body and at most the limit's records."""
     kind = (
         "csv" if "csv" in content_type else "ndjson" if "ndjson" in content_type or "jsonl" in content_type else "json"
     )
-    errors: list[_Invalid] = []
-    if kind == "csv":
-        items, errors = _csv_items(body)
-    elif kind == "ndjson":
-        items, errors = _ndjson_items(body)
-    else:
-        items = _json_items(body)
+    items = _csv_items(body) if kind == "csv" else _ndjson_items(body) if kind == "ndjson" else _json_items(body)
     label = "record" if kind == "json" else "line"
-    count = len(items) + len({e.line for e in errors})  # the unparsable lines were records too
-    if count > max_records:
-        raise UploadError(f"{count} records; the limit is {max_records}", "records", [], too_large=True)
     adapter: TypeAdapter[Any] = RECORD if mode == "delete" else _CANDIDATE
-    accepted: list[tuple[int, Any]] = []
-    for number, item in items:
-        try:
-            accepted.append((number, adapter.validate_python(item)))
-        except ValidationError as error:
-            for e in error.errors():
-                where = ".".join(str(p) for p in e["loc"] if p not in ("CandidateIn", "DeleteIn"))
-                errors.append(_Invalid(number, f"{label} {number}" + (f".{where}" if where else ""), e["msg"]))
-    errors.sort(key=lambda e: e.line)  # stable: a record's fields stay in pydantic's order
-    details = [{"field": e.field, "message": e.message} for e in errors[:MAX_REPORTED]]
-    if errors and on_invalid == "reject":
-        first = errors[0]
-        message = f"{len(errors)} invalid fields; first: {first.field}: {first.message}"
+    records: list[Candidate] = []
+    lines: list[int] = []
+    reported: list[_Invalid] = []  # the first MAX_REPORTED invalid fields
+    invalid_fields = invalid_records = count = 0
+    for item in items:
+        count += 1
+        if count > max_records:
+            raise UploadError(
+                f"more than {max_records:,} records: the limit per upload (CHITCHAT_ADMIN_MAX_RECORDS); "
+                "split the file, or append it in parts",
+                "records",
+                [],
+                too_large=True,
+            )
+        if isinstance(item, _Invalid):
+            errors = [item]
+        else:
+            number, raw = item
+            try:
+                record = adapter.validate_python(raw)
+            except ValidationError as error:
+                errors = []
+                for e in error.errors():
+                    where = ".".join(str(p) for p in e["loc"] if p not in ("CandidateIn", "DeleteIn"))
+                    errors.append(_Invalid(number, f"{label} {number}" + (f".{where}" if where else ""), e["msg"]))
+            else:
+                if not (invalid_records and on_invalid == "reject"):  # a refused upload keeps nothing
+                    records.append(_candidate(record))
+                    lines.append(number)
+                continue
+        invalid_records += 1
+        invalid_fields += len(errors)
+        reported += errors[: MAX_REPORTED - len(reported)]
+    details = [{"field": e.field, "message": e.message} for e in reported]
+    if reported and on_invalid == "reject":
+        first = reported[0]
+        message = f"{invalid_fields} invalid fields; first: {first.field}: {first.message}"
         hint = " (send ?on_invalid=skip to index the valid records and report the rest)"
         raise UploadError(message + hint, first.field, details)
-    if not accepted:
+    if not records:
         raise UploadError("no valid records", "records", details)
-    records = [
-        Candidate(
-            reply=r.reply,
-            query=r.query,
-            id=r.id,
-            metadata=dict(r.metadata) if r.metadata else None,
-            kind=r.kind,
-            language=r.language,
-            tags=tuple(r.tags or ()),
-        )
-        if isinstance(r, CandidateIn)
-        else Candidate(reply="", id=r.id)  # deleting by id: the reply is a placeholder
-        for _, r in accepted
-    ]
     return Upload(
         records=records,
-        lines=[number for number, _ in accepted],
-        skipped=[{"line": e.line, "field": e.field, "reason": e.message} for e in errors[:MAX_REPORTED]],
-        skipped_count=len({e.line for e in errors}),
+        lines=lines,
+        skipped=[{"line": e.line, "field": e.field, "reason": e.message} for e in reported],
+        skipped_count=invalid_records,
     )
 
 
