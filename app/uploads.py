@@ -145,6 +145,12 @@ class _Invalid:
 # the body once it has seen more records than it may take.
 Item = tuple[int, Any] | _Invalid
 
+# The csv module refuses a field longer than 131,072 characters with an error that says nothing of
+# the record, and its reader then takes the rest of a quoted field's lines for records of their own.
+# A field is never longer than the body, which its own limit bounds: let the field through, and let
+# the record's validation refuse it (a reply is at most 1,000 characters) like any other too long.
+csv.field_size_limit(max(csv.field_size_limit(), 2**31 - 1))
+
 _JSON = json.JSONDecoder()
 _SPACE = re.compile(r"[ \t\n\r]*")
 NOT_RECORDS = 'expected a JSON array of records, or {"records": [...]}'
@@ -239,7 +245,13 @@ def _csv_rows(body: bytes) -> Iterator[tuple[int, list[str]]]:
     where an editor shows it starting; csv's line_num is its last."""
     reader = csv.reader(_csv_text(body))
     first = 1
-    for row in reader:
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as error:  # not a table csv can read on: nothing after it can be told apart
+            raise UploadError(f"CSV cannot be read from line {first}: {error}", f"line {first}", []) from error
         if row:  # csv reads a blank line as []
             yield first, row
         first = reader.line_num + 1

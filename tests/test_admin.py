@@ -628,3 +628,22 @@ async def test_a_rollback_whose_pointer_write_fails_is_503_and_changes_nothing(
     assert response.status_code == 503 and response.json()["error"]["kind"] == "not_ready"
     assert await version_of(admin_client) == job["version"] != first
     assert (await admin_client.post("/admin/rollback", headers=AUTH)).json()["to"] == first  # once the volume is back
+
+
+@pytest.mark.parametrize("on_invalid", ["reject", "skip"])
+async def test_a_csv_field_too_long_for_the_csv_module_is_a_4xx_or_skipped(
+    admin_client: httpx.AsyncClient, on_invalid: str
+) -> None:
+    """operations.md, Errors and limits: a bad field is a 4xx that names it, `internal_error` never bad
+    input. A CSV field over 131,072 characters was a 500 with and without on_invalid=skip."""
+    body = b"reply,id\nfine,a\n" + b"x" * 140_000 + b",b\n"
+    response = await admin_client.post(
+        f"/admin/candidates?on_invalid={on_invalid}", content=body, headers={**AUTH, "content-type": "text/csv"}
+    )
+    if on_invalid == "reject":
+        assert response.status_code == 422, response.text
+        assert response.json()["error"]["field"] == "line 3.reply"
+    else:
+        assert response.status_code == 202, response.text
+        job = await wait_for(admin_client, response.json()["job_id"])
+        assert job["report"]["skipped_records"][0]["field"] == "line 3.reply" and job["counts"]["uploaded"] == 1

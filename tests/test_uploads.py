@@ -177,3 +177,24 @@ def test_the_parse_stops_at_the_record_past_the_limit(content_type: str, tail: b
         parse_upload(body, content_type, "append", 10, "reject")
     assert refused.value.too_large and refused.value.field == "records", refused.value.message
     assert len(parse_upload(bodies(10, content_type), content_type, "append", 10, "reject").records) == 10
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"reply,id\nfine,a\n" + b"x" * 140_000 + b",b\nalso fine,c\n",
+        b'reply,id\nfine,a\n"' + b"x" * 140_000 + b'\nstill the same field",b\nalso fine,c\n',
+    ],
+    ids=["one-line", "quoted-across-lines"],
+)
+def test_a_csv_field_over_the_csv_modules_limit_is_an_invalid_record_not_a_500(body: bytes) -> None:
+    """A field of more than 131,072 characters (the csv module's own limit) raised csv.Error, which
+    nothing caught: a 500, with or without on_invalid=skip. It is a record like any other now:
+    refused naming its line and field, or skipped; a quoted field that spans lines is still one record
+    (its second line never becomes a reply of its own)."""
+    with pytest.raises(UploadError) as refused:
+        parse(body, "text/csv")
+    assert refused.value.field == "line 3.reply" and not refused.value.too_large, refused.value.message
+    upload = parse(body, "text/csv", on_invalid="skip")
+    assert [c.reply for c in upload.records] == ["fine", "also fine"]
+    assert [(r["line"], r["field"]) for r in upload.skipped] == [(3, "line 3.reply")]
