@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import shutil
 import socket
 import subprocess
+import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict
 from pathlib import Path
@@ -647,3 +649,37 @@ async def test_a_csv_field_too_long_for_the_csv_module_is_a_4xx_or_skipped(
         assert response.status_code == 202, response.text
         job = await wait_for(admin_client, response.json()["job_id"])
         assert job["report"]["skipped_records"][0]["field"] == "line 3.reply" and job["counts"]["uploaded"] == 1
+
+
+def test_a_staging_directory_of_an_earlier_process_with_this_pid_is_removed(tmp_path: Path) -> None:
+    """operations.md, Scale-out (staging directories): a replica removes the staging directories
+    whose process is gone. In a container uvicorn is PID 1 after every restart and the hostname
+    is kept, so a killed build's directory named a live process (this one) and was never removed.
+    A build's process is known by its pid, its start time and a token of its own, on this boot."""
+    store = IndexStore(tmp_path / "indexes")
+    earlier = store.stage()  # as an earlier process with this pid wrote it: the same host and pid
+    (earlier / OWNER).write_text(
+        json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": time.time() - 60})
+    )
+    mine = store.stage()
+    assert store.remove_staging() == [earlier.name] and mine.exists()
+
+    from core import store as store_module
+
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        this_process = json.loads((mine / OWNER).read_text())
+        alive = {**this_process, "pid": sleeper.pid, "start": store_module.start_time(sleeper.pid), "token": "its"}
+        running = store.stage()  # a build of another process that still runs
+        (running / OWNER).write_text(json.dumps(alive))
+        reused = store.stage()  # a build of a process whose pid a live one took since
+        (reused / OWNER).write_text(json.dumps({**alive, "start": alive["start"] - 100}))
+        rebooted = store.stage()  # a build from before the machine restarted
+        (rebooted / OWNER).write_text(json.dumps({**alive, "boot": "another-boot"}))
+        restarted = store.stage()  # a build of this container before it restarted: PID 1 then too
+        (restarted / OWNER).write_text(json.dumps({**this_process, "pidns": "pid:[1]", "token": "before"}))
+        assert sorted(store.remove_staging()) == sorted([reused.name, rebooted.name, restarted.name])
+        assert mine.exists() and running.exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
