@@ -683,3 +683,25 @@ def test_a_staging_directory_of_an_earlier_process_with_this_pid_is_removed(tmp_
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+async def test_a_rollback_with_nothing_to_go_back_to_is_409_and_every_set_keeps_serving(
+    make_client: AppFactory, own_artifacts: Path, tmp_path: Path
+) -> None:
+    """operations.md, Errors and limits: `conflict` 409 when there is nothing to roll back to. A set
+    that serves no version (a deployment before its first upload, a set whose first job failed)
+    answered 503, the status a client retries, when retrying can never help."""
+    async with make_client(artifacts_dir=tmp_path / "fresh", admin_token=TOKEN) as client:
+        refused = await client.post("/admin/rollback", headers=AUTH)
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["error"]["kind"] == "conflict" and refused.json()["error"]["field"] == "set"
+    (own_artifacts / "sets" / "empty" / "indexes").mkdir(parents=True)  # a set that holds no version
+    async with make_client(artifacts_dir=own_artifacts, admin_token=TOKEN) as client:
+        serving = await version_of(client)
+        for path in ("/admin/sets/empty/rollback", "/admin/rollback"):  # nothing older than the one version
+            refused = await client.post(path, headers=AUTH)
+            assert refused.status_code == 409 and refused.json()["error"]["field"] == "set", refused.text
+            answer = await client.post("/reply", json={"context": ["hi! how are you?"]})
+            assert answer.status_code == 200 and answer.json()["index_version"] == serving
+        job = await upload(client, [{"reply": "a first reply", "id": "first"}])  # the refusals let the lock go
+        assert job["state"] == "succeeded"

@@ -15,14 +15,17 @@ from app.engine.versions import previous_version
 
 def rollback(reindexer: Reindexer) -> tuple[str, str, dict[str, str]]:
     """Serve the version before the one the pointer names (of its encoder), on every replica.
-    Returns (from, to, what the steps after the swap did). LookupError: there is none."""
+    Returns (from, to, what the steps after the swap did). LookupError: there is none, or the set
+    serves no version at all."""
     runtime, target = reindexer.runtime, reindexer.candidate_set
     holding = reindexer.claim(f"rollback-{uuid.uuid4().hex[:12]}@{THIS_PROCESS}")
     try:
         runtime.current_model()  # not before the default has loaded
         # The pointer, not this replica's own copy: a replica that has not caught up
         # would otherwise roll back from the wrong version.
-        current = target.store.current() or target.current().index_version
+        current = target.store.current() or (target.serving.index_version if target.serving else None)
+        if current is None:  # a conflict, not "not ready": no retry can give it a version to go back to
+            raise LookupError(f"set {target.name!r} serves no index version: there is nothing to roll back to")
         # What served before it, by the pointer's history, within the set's encoder: a version of
         # another is never what "before" means.
         built_with = target.store.manifest(current).bundle_checksum

@@ -267,7 +267,7 @@ async def _rollback(target: SetAdmin) -> dict[str, Any]:
     try:
         before, after, steps = await anyio.to_thread.run_sync(roll_back, target.reindexer)
     except LookupError as error:
-        raise ApiError(ErrorKind.conflict, str(error)) from error
+        raise ApiError(ErrorKind.conflict, str(error), "set") from error
     return {"set": target.candidate_set.name, "from": before, "to": after, "after_swap": steps}
 
 
