@@ -16,6 +16,11 @@ dropped after the search, as the session's recent replies are
 (`retriever.Avoid`): up to 256 ids made up afresh on every request would
 otherwise compile and copy a selection each time, and push every other
 client's filters out of the few kept.
+
+Tags, likewise, are keyed as the version knows them (`known`): a tag no
+stored reply carries excludes nothing under tags_none and matches nothing
+under tags_any or tags_all, so fresh made-up tags on every request compile
+nothing either, and evict nothing.
 """
 
 from __future__ import annotations
@@ -103,13 +108,40 @@ class Admitted:
         return self.replies if side == "replies" else self.queries
 
 
+def known(index: IndexVersion, rule: Filter) -> Filter | None:
+    """`rule`'s tags and language as `index` knows them, what a filter is keyed by; an empty Filter
+    when they restrict nothing here, None when they admit no reply of it. A tag no stored reply
+    carries excludes nothing (tags_none) and matches nothing (tags_any, tags_all); so does a
+    language none was uploaded with. Uploaded reactions are not index rows: `Filter.admits` holds
+    them to the whole rule, unknown tags and all."""
+    tags = index.reply_tag_rows
+    tags_any = frozenset(t for t in rule.tags_any if t in tags)
+    if (rule.tags_any and not tags_any) or not rule.tags_all <= tags.keys():
+        return None
+    if rule.language is not None and rule.language not in index.reply_language_rows:
+        return None
+    return Filter(tags_any, rule.tags_all, frozenset(t for t in rule.tags_none if t in tags), rule.language)
+
+
 def admitted(index: IndexVersion, rule: Filter) -> Admitted | None:
-    """The rows `rule`'s tags and language admit in `index`, computed once per version and filter;
-    None when it has neither (its ids, if any, are dropped after the search)."""
+    """The rows `rule`'s tags and language admit in `index`, computed once per version and filter
+    as `known` keys it; None when they restrict nothing (its ids, if any, are dropped after the
+    search). A rule that admits no reply here gets an empty selection, made on the spot: it
+    neither compiles nor takes a place among the filters kept."""
     base = rule.compiled
     if base is None:
         return None
-    return index.memo.get(("filter", base), lambda: _compile(index, base))  # type: ignore[no-any-return]
+    key = known(index, base)
+    if key is None:
+        return _nothing(index, base)
+    if not key:
+        return None
+    return index.memo.get(("filter", key), lambda: _compile(index, key))  # type: ignore[no-any-return]
+
+
+def _nothing(index: IndexVersion, rule: Filter) -> Admitted:
+    none = Selection(np.zeros(len(index.reply_ids), dtype=bool))
+    return Admitted(rule, none, Selection(np.zeros(len(index.query_reply_rows), dtype=bool)))
 
 
 def _compile(index: IndexVersion, rule: Filter) -> Admitted:
@@ -156,10 +188,12 @@ def search(
     whole = index.reply_index if side == "replies" else index.query_index
     if only is None:
         return ann.narrow_search(whole, queries, k) if narrow else ann.search(whole, queries, k)
+    selection = only.of(side)
+    if selection.count == 0:  # nothing to search: no bitmap to pack, no selector to build
+        return np.full((len(queries), k), -np.inf, np.float32), np.full((len(queries), k), -1, np.int64)
     subset = exact_subset(index, only, side)
     if subset is not None:
         return subset.search(queries, k)
-    selection = only.of(side)
     return ann.search(whole, queries, k, selection.selector(), selection.count)
 
 

@@ -295,6 +295,37 @@ async def test_fresh_exclude_ids_compile_no_filter_and_evict_no_copy(tagged: htt
     assert (Filter(tags_any=frozenset({"kids"})), "replies") in index.subsets.kept()
 
 
+@pytest.mark.anyio
+async def test_unknown_tags_compile_no_filter_and_evict_no_copy(tagged: httpx.AsyncClient) -> None:
+    """A tag no stored reply carries used to key a filter of its own: each request naming a fresh one
+    compiled and copied a selection, and pushed another client's out of the few kept. Filters are keyed
+    by the tags the version knows now: an unknown tag in tags_none excludes nothing, and one in tags_any
+    or tags_all matches nothing, so the answers stay what they were."""
+    from core.filters import Filter
+
+    kids = {"tags_any": ["kids"]}
+    assert (await ask(tagged, "hi! how are you?", filter=kids)).status_code == 200
+    index = tagged._transport.app.state.runtime.current().index  # type: ignore[attr-defined]
+    compiled, copies = index.memo.kept(), index.subsets.kept()
+    plain = await ask(tagged, "hi! how are you?", strategies=["reply_matching"])
+    unfiltered = {c["id"] for c in plain.json()["candidates"]}
+    for i in range(10):
+        fresh = f"no-such-tag-{i}"
+        for rule, allowed in [
+            ({"tags_none": [fresh]}, unfiltered),  # excludes nothing: no filter at all
+            ({"tags_any": ["kids", fresh]}, {"kid-1", "kid-2"}),  # the kids filter, compiled once already
+            ({"tags_any": ["kids"], "tags_none": [fresh, f"{fresh}-b"]}, {"kid-1", "kid-2"}),
+        ]:
+            response = await ask(tagged, "hi! how are you?", strategies=["reply_matching"], filter=rule)
+            assert response.status_code == 200, (rule, response.text)
+            assert {c["id"] for c in response.json()["candidates"]} == allowed, rule
+        for rule in ({"tags_any": [fresh]}, {"tags_all": ["kids", fresh]}):  # matches nothing
+            response = await ask(tagged, "hi! how are you?", filter=rule)
+            assert response.status_code == 404 and response.json()["error"]["kind"] == "no_candidate", response.text
+    assert index.memo.kept() == compiled and index.subsets.kept() == copies
+    assert (Filter(tags_any=frozenset({"kids"})), "replies") in index.subsets.kept()
+
+
 def test_the_copies_kept_are_both_sides_of_the_last_filters() -> None:
     """#49, item 2: SUBSETS_KEPT is filters; each has a copy per side, so twice as many copies are kept."""
     from core.store import SUBSETS_KEPT, IndexVersion
