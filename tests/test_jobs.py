@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -24,6 +25,8 @@ from app.engine.jobs import (
     Renewer,
     fail_dead,
 )
+from core.store import IndexStore
+from tests.helpers import AUTH, REDIS_URL, TOKEN, AppFactory, wait_for
 
 
 class TakenOverAfterOneCommand(redis.Redis):
@@ -194,3 +197,38 @@ def test_builds_of_several_sets_wait_for_the_process_memory_budget() -> None:
     assert order[-2:] == ["c starts", "c ends"] and budget.used == 0 and budget.running == 0
     with budget.held(10_000_000):  # larger than the whole budget: runs alone, never waits for ever
         assert budget.running == 1
+
+
+# --- the lock, held where it matters -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def own_artifacts(artifacts: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(artifacts, tmp_path / "artifacts"))
+
+
+@pytest.mark.anyio
+async def test_a_reindex_that_loses_its_lock_while_the_new_version_loads_never_swaps(
+    make_client: AppFactory, own_artifacts: Path, clean_redis: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """operations.md, Scale-out: one reindex or rollback at a time, and only the lock's holder swaps.
+    The lock was checked before `serve_version`, which takes seconds on a large set: a job whose lock
+    another replica took meanwhile swapped anyway. It is checked after, as a rollback does."""
+    from app.engine.runtime import Runtime
+
+    real = Runtime.serve_version
+
+    def taken_over_meanwhile(self: Runtime, candidates: Any, version: str) -> Any:
+        served = real(self, candidates, version)
+        clean_redis.set(LOCK_KEY, "another-replica", ex=LOCK_TTL_S)  # this one's lock expired in a pause
+        return served
+
+    async with make_client(artifacts_dir=own_artifacts, admin_token=TOKEN, redis_url=REDIS_URL) as client:
+        before = (await client.get("/readyz")).json()["index_version"]
+        monkeypatch.setattr(Runtime, "serve_version", taken_over_meanwhile)
+        response = await client.post("/admin/candidates", json=[{"reply": "not served", "id": "x"}], headers=AUTH)
+        job = await wait_for(client, response.json()["job_id"])
+        assert job["state"] == "failed" and "lost the reindex lock" in job["error"], job
+        assert (await client.get("/readyz")).json()["index_version"] == before
+        assert IndexStore(own_artifacts / "indexes").current() == before
+        assert clean_redis.get(LOCK_KEY) == b"another-replica"

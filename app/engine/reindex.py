@@ -182,9 +182,11 @@ class Reindexer:
         job.counts.update(replies=manifest.replies, queries=manifest.queries, encoded=manifest.encoded)
 
         self._progress(job, "swap", 0.0)
-        if not holding.still_held():  # another replica may be reindexing: only the holder swaps
+        fresh = self.runtime.serve_version(target, manifest.version)  # seconds on a large set
+        # Asked after the load, as a rollback does: the lock may have gone while it loaded, and
+        # another replica may be reindexing. Only the holder swaps.
+        if not holding.still_held():
             raise RuntimeError("lost the reindex lock before the swap; the built version was not served")
-        fresh = self.runtime.serve_version(target, manifest.version)
         # The pointer first: it is the one truth. A failure here fails the job with the store untouched.
         target.point_to(fresh, f"reindex job {job.id}")
         job.report["after_swap"] = self.after_swap(manifest.version, merged)
