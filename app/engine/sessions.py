@@ -7,6 +7,10 @@ and could store their turns in the wrong order. That lock holds in one
 process; across replicas a turn is stored only if no other turn was stored
 since its history was read (`History.writes`), else it is answered again from
 the new history (`pipeline.session_reply`).
+
+A turn is stored as compact UTF-8 JSON, three bytes a Hangul syllable rather
+than the six of an ASCII escape; turns stored in the old escaped form read
+the same.
 """
 
 from __future__ import annotations
@@ -33,6 +37,24 @@ class SessionTurn:
 class History:
     turns: list[SessionTurn]  # oldest first
     writes: int  # appends the session had when read: the next append must find the same count
+
+
+def encode(turn: SessionTurn) -> bytes:
+    """Compact UTF-8 JSON. A lone surrogate, which UTF-8 cannot hold, is escaped as JSON allows."""
+    item = {"role": turn.role, "text": turn.text}
+    try:
+        return json.dumps(item, ensure_ascii=False, separators=(",", ":")).encode()
+    except UnicodeEncodeError:
+        return json.dumps(item, separators=(",", ":")).encode()
+
+
+def decode(raw: bytes) -> SessionTurn | None:
+    """Either form, compact or ASCII-escaped; None for a corrupt entry."""
+    try:
+        item = json.loads(raw)
+        return SessionTurn(role=item["role"], text=item["text"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 @dataclass
@@ -67,17 +89,11 @@ class SessionStore:
 
     async def history(self, session_id: str) -> History:
         """Empty for a new, expired or unreachable session."""
-        turns = []
         raws, writes = await self.store.list_read(self._key(session_id))
-        for raw in raws:
-            try:
-                item = json.loads(raw)
-                turns.append(SessionTurn(role=item["role"], text=item["text"]))
-            except (ValueError, KeyError, TypeError):
-                continue  # a corrupt entry costs one turn of context, not the request
+        turns = [turn for turn in map(decode, raws) if turn is not None]  # a corrupt entry costs one turn
         return History(turns, writes)
 
     async def append(self, session_id: str, read: History, *turns: SessionTurn) -> bool:
         """Stores the turns after `read`'s; False if another turn was stored since `read` (nothing stored)."""
-        values = [json.dumps({"role": t.role, "text": t.text}).encode() for t in turns]
+        values = [encode(t) for t in turns]
         return await self.store.list_append_if(self._key(session_id), read.writes, values, self.max_turns, self.ttl_s)
