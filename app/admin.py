@@ -92,6 +92,10 @@ class Admin:
     # Every set's jobs, for /metrics: "succeeded"/"failed" -> count, and seconds from submit to done.
     outcomes: dict[str, int] = field(default_factory=dict)
     durations: Buckets = field(default_factory=lambda: Buckets(REINDEX_SECONDS))
+    # Without Redis, each set's lock, by name, for as long as the process lives: a set is wired again
+    # whenever this replica finds it again (`of`), and a fresh lock then would let a second job run
+    # beside the one the old lock still holds.
+    locks: dict[str, ProcessLock] = field(default_factory=dict, repr=False)
     _guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -194,7 +198,7 @@ class Admin:
         else:
             root = self.settings.artifacts_dir if name == DEFAULT_SET else set_dir(self.settings.artifacts_dir, name)
             candidates = FileCandidateStore(root / "candidates.jsonl")
-            jobs, lock = FileJobStore(root / "jobs"), ProcessLock()
+            jobs, lock = FileJobStore(root / "jobs"), self.locks.setdefault(name, ProcessLock())
         publish = Publisher(self.client, self.origin, name)
         reindexer = Reindexer(
             self.runtime, candidate_set, candidates, jobs, lock, publish, self.outcomes, self.durations

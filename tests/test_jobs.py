@@ -25,6 +25,7 @@ from app.engine.jobs import (
     Renewer,
     fail_dead,
 )
+from app.engine.reindex import Busy
 from core.store import IndexStore
 from tests.helpers import AUTH, REDIS_URL, TOKEN, AppFactory, wait_for
 
@@ -232,3 +233,25 @@ async def test_a_reindex_that_loses_its_lock_while_the_new_version_loads_never_s
         assert (await client.get("/readyz")).json()["index_version"] == before
         assert IndexStore(own_artifacts / "indexes").current() == before
         assert clean_redis.get(LOCK_KEY) == b"another-replica"
+
+
+@pytest.mark.anyio
+async def test_without_redis_a_set_keeps_one_lock_however_often_it_is_found_again(
+    make_client: AppFactory, own_artifacts: Path
+) -> None:
+    """operations.md, Candidate sets: each set has its own lock, and one reindex or rollback runs at
+    a time. Without Redis a set got a fresh lock whenever this replica found it again (the follower
+    drops a set whose directory a remount hides, and adds it back): two jobs could run on one set."""
+    (own_artifacts / "sets" / "kids" / "indexes").mkdir(parents=True)
+    async with make_client(artifacts_dir=own_artifacts, admin_token=TOKEN) as client:
+        app = client._transport.app  # type: ignore[attr-defined]
+        admin, runtime = app.state.admin, app.state.runtime
+        running = admin.of("kids").reindexer.claim("a-running-job")
+        try:
+            runtime.drop_set("kids")  # the directory was out of sight for one poll ...
+            runtime.add_set("kids")  # ... and is back: another CandidateSet object
+            with pytest.raises(Busy):
+                admin.of("kids").reindexer.claim("a-second-job")
+            assert admin.of("kids").reindexer.lock.holder() == "a-running-job"
+        finally:
+            running.release()
