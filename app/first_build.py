@@ -2,11 +2,11 @@
 
 The slice's marker (index/first_slice.py) says a full build is owed. Once the service is up, this
 submits it as an ordinary reindex job of the default set (mode "replace", the chitchat train
-candidates), so it builds beside live traffic, swaps atomically and replicas follow the pointer.
-Its chunks are kept on disk as they are encoded (index/encode_cache.py): a restart submits the job
-again, and it encodes only what the killed one had not finished. The marker goes when the full
-version serves; it also goes, with nothing built, if the set has moved on from the slice (an
-upload or a rollback chose other candidates).
+candidates and the shipped Korean ones), so it builds beside live traffic, swaps atomically and
+replicas follow the pointer. Its chunks are kept on disk as they are encoded
+(index/encode_cache.py): a restart submits the job again, and it encodes only what the killed one
+had not finished. The marker goes when the full version serves; it also goes, with nothing built,
+if the set has moved on from the slice (an upload or a rollback chose other candidates).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import anyio.to_thread
 
 from app.engine.jobs import Job, JobStore
 from app.engine.reindex import Busy
-from index.build import corpus_candidates
+from index.build import default_candidates
 from index.first_slice import Owed, owed, settle
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ async def complete(admin: Admin, progress: Progress) -> None:
             return
         try:
             corpus = Path(debt.corpus) if debt.corpus else None
-            candidates = await anyio.to_thread.run_sync(corpus_candidates, debt.max_context_turns, corpus)
+            candidates = await anyio.to_thread.run_sync(default_candidates, debt.max_context_turns, corpus, debt.korean)
             job = target.reindexer.submit("replace", candidates, report={"source": debt.source, "first_build": True})
         except Busy:
             await asyncio.sleep(RETRY_S)

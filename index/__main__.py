@@ -1,9 +1,10 @@
-"""Builds the chitchat index for a bundle and points serving at it.
+"""Builds the default set's index for a bundle and points serving at it.
 
-    python -m index                   # chitchat train split, the release bundle
+    python -m index                   # chitchat train split in English and the shipped Korean, the release bundle
     python -m index --if-missing      # only if no version matches the bundle
     python -m index --bundle DIR      # another bundle's index
     python -m index --if-missing --first-slice   # `make run`: a first slice now, the service builds the rest
+    python -m index --no-korean       # English only
 
 The library it calls is `index.build`; `make index` and the Docker image run this.
 """
@@ -18,7 +19,7 @@ from core.bundle import RELEASE_BUNDLE, open_bundle
 from core.encoder import Encoder
 from core.store import IndexStore
 from core.text import normalize
-from index.build import build_version, corpus_candidates
+from index.build import DEFAULT_SOURCE, ENGLISH_SOURCE, build_version, default_candidates
 from index.encode_cache import EncodeCache
 from index.first_slice import SLICE_REPLIES, Owed, first_slice, owe, owed, settle
 
@@ -32,6 +33,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--if-missing", action="store_true", help="skip if a version for this bundle exists")
     parser.add_argument("--no-reuse", action="store_true", help="encode every text, even ones a version has")
     parser.add_argument("--corpus", type=Path, help="a chitchat-format corpus file (default: the package's)")
+    parser.add_argument(
+        "--no-korean", action="store_true", help="English only: without the shipped Korean conversations"
+    )
     parser.add_argument(
         "--first-slice",
         type=int,
@@ -54,8 +58,10 @@ def main(argv: list[str] | None = None) -> None:
         store.set_current(existing)
         return
     started = time.perf_counter()
-    candidates = corpus_candidates(bundle.max_context_turns, args.corpus)
-    print(f"[index] {len(candidates)} chitchat train candidates in {time.perf_counter() - started:.1f}s")
+    korean = not args.no_korean
+    candidates = default_candidates(bundle.max_context_turns, args.corpus, korean)
+    source = DEFAULT_SOURCE if korean else ENGLISH_SOURCE
+    print(f"[index] {len(candidates)} {source} candidates in {time.perf_counter() - started:.1f}s")
     # Threads that spin between the ops of a run: this build is all the process does. On an EPYC with
     # VNNI, alternate halves of each of the full build's chunks took 124.4 s spinning against 128.1 s
     # sleeping, 3% (`make bench-encode-spin`; 6% in an earlier paired run). The service's own builds
@@ -64,14 +70,14 @@ def main(argv: list[str] | None = None) -> None:
     cache = EncodeCache(args.artifacts / "cache" / "encode", bundle.checksum)
     if args.first_slice:
         chosen = first_slice(candidates, args.first_slice)
-        manifest = build_version(chosen, encoder, bundle.checksum, store, "chitchat:train first slice", cache=cache)
+        manifest = build_version(chosen, encoder, bundle.checksum, store, f"{source} first slice", cache=cache)
         full = len({normalize(c.reply) for c in candidates if c.kind != "reaction"})  # as the index dedups
         corpus = str(args.corpus.resolve()) if args.corpus else None
-        debt = Owed(bundle.checksum, manifest.version, "chitchat:train", full, bundle.max_context_turns, corpus)
+        debt = Owed(bundle.checksum, manifest.version, source, full, bundle.max_context_turns, corpus, korean)
         owe(store.root, debt)
     else:
         manifest = build_version(
-            candidates, encoder, bundle.checksum, store, "chitchat:train", reuse=not args.no_reuse, cache=cache
+            candidates, encoder, bundle.checksum, store, source, reuse=not args.no_reuse, cache=cache
         )
         settle(store.root)  # whatever slice stood in for it, this is the full index
     store.set_current(manifest.version)

@@ -388,8 +388,30 @@ def _index_and_commit(
     return manifest
 
 
-def corpus_candidates(max_context_turns: int, path: Path | None = None) -> list[Candidate]:
+def corpus_candidates(max_context_turns: int, path: Path | None = None, language: str | None = None) -> list[Candidate]:
+    """The chitchat train split's candidates, each with `language` if given."""
     from index.corpus import candidate_records, load_pairs
 
     pairs = load_pairs("train", max_context_turns, path)
-    return [Candidate(reply=r.reply, query=r.query) for r in candidate_records(pairs)]
+    return [Candidate(reply=r.reply, query=r.query, language=language) for r in candidate_records(pairs)]
+
+
+def korean_candidates(max_context_turns: int) -> list[Candidate]:
+    """The shipped Korean conversations' candidates (index/data/README.md), each with language "ko"."""
+    from index.corpus import candidate_records, load_korean_conversations, pairs_from
+
+    pairs = pairs_from(load_korean_conversations(), max_context_turns)
+    return [Candidate(reply=r.reply, query=r.query, language="ko") for r in candidate_records(pairs)]
+
+
+# What the default set is built from (`python -m index`, the first build behind `make run`'s slice).
+ENGLISH_SOURCE = "chitchat:train"
+DEFAULT_SOURCE = "chitchat:train+korean"
+
+
+def default_candidates(max_context_turns: int, path: Path | None = None, korean: bool = True) -> list[Candidate]:
+    """The default set: chitchat's train split in English and, with `korean`, the shipped Korean
+    conversations. Every candidate carries its language, so a turn is answered from the replies in
+    its own (`core.retriever.answer_language`)."""
+    english = corpus_candidates(max_context_turns, path, "en")
+    return english + korean_candidates(max_context_turns) if korean else english

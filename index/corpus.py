@@ -1,10 +1,12 @@
-"""Chitchat corpus -> turns -> (context, reply) pairs, split by conversation id.
+"""Chitchat corpus -> turns -> (context, reply) pairs, split by conversation id; and the Korean
+conversations the default candidate set serves beside it (index/data/README.md).
 
 Pure Python on purpose: `index/` builds from these pairs without touching torch.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 from collections import Counter
@@ -84,6 +86,25 @@ def load_conversations(path: Path | None = None) -> list[Conversation]:
             last_sender = sender
         if len(turns) >= 2:
             conversations.append(Conversation(conversation_id, tuple(turns)))
+    return conversations
+
+
+# Korean chat the default set serves beside chitchat's English (index/data/README.md says where it
+# comes from): every conversation, no split, as the English train split's are all served.
+KOREAN_CONVERSATIONS = Path(__file__).resolve().parent / "data" / "korean_conversations.jsonl.gz"
+
+
+def load_korean_conversations(path: Path = KOREAN_CONVERSATIONS) -> list[Conversation]:
+    """{"id": ..., "turns": [...]} per line, gzipped; each turn is one speaker's, alternating."""
+    conversations = []
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            body = json.loads(line)
+            turns = tuple(t.strip() for t in body["turns"] if t.strip())
+            if len(turns) >= 2:
+                conversations.append(Conversation(body["id"], turns))
     return conversations
 
 
