@@ -41,14 +41,23 @@ class Settings(BaseSettings):
     redis_retry_after_s: float = Field(default=2.0, ge=0.1, le=600)
 
     session_ttl_s: int = Field(default=3600, ge=1)
-    # Sessions the in-process store keeps without Redis, least recently used dropped first.
+    # Sessions the in-process store keeps without Redis; past it a new one is refused (429).
     session_local_entries: int = Field(default=100_000, ge=1)
-    # ... and at most this many MiB of them: sessions are open to anyone, and their turns may be long.
+    # ... and no new one once they hold this many MiB: sessions are open to anyone, and turns may be long.
     session_local_mb: int = Field(default=128, ge=1, le=65_536)
     # Turns kept per session (user and bot turns both count).
     session_max_turns: int = Field(default=10, ge=1, le=100)
     # A session never gets any of the bot's last N replies again.
     session_no_repeat: int = Field(default=5, ge=0, le=50)
+    # Sessions stored at once: in Redis, every replica's together; without it, this process's (and no
+    # more than session_local_entries). At it a new session id is refused with 429 until a stored one
+    # expires (session_ttl_s after its last turn); the sessions stored keep every turn.
+    session_max_count: int = Field(default=20_000, ge=1)
+    # Bytes of turns one session keeps (compact UTF-8 JSON: ~3 a Hangul syllable); past it its oldest
+    # turns go first, as past session_max_turns. At least a 1,000-character turn and its reply, at
+    # their longest. With session_max_count, what sessions may take of the state Redis: 20,000 x
+    # 16 KiB, ~330 MiB with their keys, of docker-compose.yml's 1 GiB.
+    session_max_bytes: int = Field(default=16_384, ge=12_288, le=1 << 20)
 
     # In-process LRU in front of Redis: the hottest chat turns are few.
     cache_local_entries: int = Field(default=20_000, ge=0)

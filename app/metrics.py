@@ -67,6 +67,7 @@ class EngineCollector(Collector):
         refused.add_metric(["in_flight"], self.admission.refused)  # before the body was read
         refused.add_metric(["encoder"], queue.stats.refused)
         refused.add_metric(["search"], runtime.pool.refused)
+        refused.add_metric(["sessions"], runtime.sessions.refused)  # a new session at CHITCHAT_SESSION_MAX_COUNT
         yield refused
         yield CounterMetricFamily(
             "chitchat_encoder_cancelled", "Jobs dropped: their caller left", value=queue.stats.cancelled

@@ -332,7 +332,7 @@ def build_runtime(settings: Settings) -> Runtime:
         cache=EmbeddingCache(
             cache_kv, settings.cache_local_entries, settings.cache_ttl_s, local_bytes=settings.cache_local_mb << 20
         ),
-        sessions=SessionStore(kv, settings.session_max_turns, settings.session_ttl_s),
+        sessions=SessionStore.for_settings(kv, settings),
         pool=ComputePool(settings.max_pending, workers=settings.search_threads, faiss_threads=settings.faiss_threads),
         encoder_queue=encoder_queue(
             settings.batch_max_tokens, settings.batch_max_wait_ms, settings.max_pending, stages
