@@ -22,6 +22,7 @@ import anyio.to_thread
 
 from app.engine.jobs import Job, JobStore
 from app.engine.reindex import Busy
+from core.store import IndexStore
 from index.build import default_candidates
 from index.first_slice import Owed, owed, settle
 
@@ -66,7 +67,7 @@ async def complete(admin: Admin, progress: Progress) -> None:
         return
     progress.replies_total = debt.replies
     while True:
-        if not _still_owed(admin, debt):
+        if not _still_owed(store, debt):
             settle(store.root)
             progress.state = "dropped"
             log.info("first build: the default set moved on from the slice; the full build is not needed")
@@ -74,7 +75,14 @@ async def complete(admin: Admin, progress: Progress) -> None:
         try:
             corpus = Path(debt.corpus) if debt.corpus else None
             candidates = await anyio.to_thread.run_sync(default_candidates, debt.max_context_turns, corpus, debt.korean)
-            job = target.reindexer.submit("replace", candidates, report={"source": debt.source, "first_build": True})
+            # Asked again by the job under the lock, as it starts and right before it swaps: an upload or
+            # a rollback that lands while the corpus loads (seconds) wins over the build.
+            job = target.reindexer.submit(
+                "replace",
+                candidates,
+                report={"source": debt.source, "first_build": True},
+                still_wanted=lambda: _still_owed(store, debt),
+            )
         except Busy:
             await asyncio.sleep(RETRY_S)
             continue
@@ -91,18 +99,21 @@ async def complete(admin: Admin, progress: Progress) -> None:
             progress.state, progress.fraction = "done", 1.0
             log.info("first build: %s serves the full index", finished.version)
             return
+        if not _still_owed(store, debt):  # superseded: dropped at the top of the loop, at once
+            continue
         progress.state, progress.error = "failed", finished.error
         log.warning("first build: job %s failed (%s); again in %.0f s", job.id, finished.error, RETRY_S)
         await asyncio.sleep(RETRY_S)
 
 
-def _still_owed(admin: Admin, debt: Owed) -> bool:
-    serving = admin.default.candidate_set.serving
-    return (
-        serving is not None
-        and serving.index_version == debt.slice_version
-        and serving.bundle.checksum == debt.bundle_checksum
-    )
+def _still_owed(store: IndexStore, debt: Owed) -> bool:
+    """Whether the default set's pointer still names the slice: no upload, rollback or other replica's
+    build has replaced it. The pointer, not what this replica serves: only the lock's holder moves
+    it, so the job's own answer, under the lock, holds until it swaps."""
+    try:
+        return store.current() == debt.slice_version
+    except OSError:  # unreadable for now: no reason to drop the debt; the job asks again under the lock
+        return True
 
 
 async def _follow(jobs: JobStore, job_id: str, progress: Progress) -> Job:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -178,3 +179,44 @@ def test_a_service_killed_during_the_build_behind_the_slice_resumes_it_after_a_r
     log = (service.log or Path()).read_text()
     reused = [line for line in log.splitlines() if "texts from chunks an interrupted build had encoded" in line]
     assert reused, "the restarted build encoded everything again"
+
+
+async def test_an_upload_that_lands_before_the_full_build_starts_wins(
+    make_client: AppFactory, artifacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """operations.md, After a fault (the build behind a first slice): an upload that lands first drops
+    the build, your candidates win. The check read this replica's serving version before the corpus
+    loaded (seconds), outside the lock: an upload that landed meanwhile was replaced by the full build.
+    The job now checks the pointer under the lock, as it starts and right before it swaps."""
+    from app.engine.reindex import Reindexer
+    from core.records import Candidate
+
+    own = tmp_path / "artifacts"
+    bundle = own / "bundles" / bundle_of(artifacts).name
+    shutil.copytree(bundle_of(artifacts), bundle)
+    corpus = tiny_corpus(tmp_path / "corpus.json")
+    index_main(["--artifacts", str(own), "--bundle", str(bundle), "--corpus", str(corpus), "--first-slice", "3"])
+    real_submit = Reindexer.submit
+
+    def an_upload_lands_first(self: Reindexer, mode: str, upload: list[Candidate], *args: Any, **kwargs: Any) -> Any:
+        report = args[0] if args else kwargs.get("report")
+        if report and report.get("first_build"):  # between the check and the job: the upload lands
+            mine = real_submit(self, "replace", [Candidate(reply="my own reply", id="mine")])
+            for _ in range(600):
+                if (done := self.jobs.get(mine.id)) is not None and not done.active:
+                    break
+                time.sleep(0.05)
+        return real_submit(self, mode, upload, *args, **kwargs)
+
+    monkeypatch.setattr(Reindexer, "submit", an_upload_lands_first)
+    async with make_client(artifacts_dir=own, bundle_dir=bundle, encoders_dir=own / "bundles") as client:
+        state = ""
+        for _ in range(600):
+            state = (await client.get("/info")).json()["first_build"]["state"]
+            if state in ("done", "dropped"):
+                break
+            await asyncio.sleep(0.05)
+        assert state == "dropped"
+        answer = (await client.post("/reply", json={"context": ["hello number 7"]})).json()
+        assert answer["reply"] == "my own reply" and answer["candidates"][0]["id"] == "mine"
+    assert owed(own / "indexes") is None

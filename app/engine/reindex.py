@@ -48,6 +48,10 @@ class Busy(Exception):
     """Another reindex or rollback holds the lock."""
 
 
+class Superseded(Exception):
+    """What a job was submitted for no longer holds (`submit`'s `still_wanted`): nothing was served."""
+
+
 class Reindexer:
     """One set's reindex jobs: its candidate store, jobs and lock. Sets never wait on each other's."""
 
@@ -74,11 +78,20 @@ class Reindexer:
         self.durations = durations or Buckets(REINDEX_SECONDS)
 
     def submit(
-        self, mode: str, upload: list[Candidate], report: dict[str, Any] | None = None, encoder: str | None = None
+        self,
+        mode: str,
+        upload: list[Candidate],
+        report: dict[str, Any] | None = None,
+        encoder: str | None = None,
+        still_wanted: Callable[[], bool] | None = None,
     ) -> Job:
         """encoder: the shipped bundle to build with (checked by the caller, `Runtime.model_named`);
         None keeps the set's own, or the default for a new set. Another encoder than the set's
-        re-encodes every record; the version before serves until the swap."""
+        re-encodes every record; the version before serves until the swap.
+
+        still_wanted: asked under the lock as the job starts and again right before it swaps; False
+        fails the job (`Superseded`) with nothing served. What it reads (the pointer) only the lock's
+        holder changes, so no upload or rollback can land between its answer and the swap."""
         job = Job.new(mode)
         job.counts = {"uploaded": len(upload)}
         job.report = dict(report or {})
@@ -89,7 +102,10 @@ class Reindexer:
         try:
             self.jobs.save(job)
             threading.Thread(
-                target=self._run, args=(job, holding, upload, lines), name=f"reindex-{job.id}", daemon=True
+                target=self._run,
+                args=(job, holding, upload, lines, still_wanted),
+                name=f"reindex-{job.id}",
+                daemon=True,
             ).start()
         except BaseException:
             holding.release()
@@ -108,11 +124,18 @@ class Reindexer:
             log.warning("could not check for interrupted jobs", exc_info=True)
         return holding
 
-    def _run(self, job: Job, holding: Renewer, upload: list[Candidate], lines: list[int] | None = None) -> None:
+    def _run(
+        self,
+        job: Job,
+        holding: Renewer,
+        upload: list[Candidate],
+        lines: list[int] | None = None,
+        still_wanted: Callable[[], bool] | None = None,
+    ) -> None:
         lower_this_thread(BACKGROUND)
         try:
             job.state = "running"
-            self._build_and_swap(job, holding, upload, lines)
+            self._build_and_swap(job, holding, upload, lines, still_wanted)
             job.state, job.stage, job.progress = "succeeded", "done", 1.0
             log.info("reindex %s: now serving %s", job.id, job.version)
         except Exception as error:
@@ -144,8 +167,18 @@ class Reindexer:
         self.jobs.save(job)
 
     def _build_and_swap(
-        self, job: Job, holding: Renewer, upload: list[Candidate], lines: list[int] | None = None
+        self,
+        job: Job,
+        holding: Renewer,
+        upload: list[Candidate],
+        lines: list[int] | None = None,
+        still_wanted: Callable[[], bool] | None = None,
     ) -> None:
+        def check_wanted() -> None:
+            if still_wanted is not None and not still_wanted():
+                raise Superseded("the set moved on (an upload or a rollback came first); nothing was served")
+
+        check_wanted()
         target = self.candidate_set
         named = job.report.get("encoder")
         model = self.runtime.model_named(named) if named else self.runtime.model_of(target)
@@ -187,6 +220,7 @@ class Reindexer:
         # another replica may be reindexing. Only the holder swaps.
         if not holding.still_held():
             raise RuntimeError("lost the reindex lock before the swap; the built version was not served")
+        check_wanted()
         # The pointer first: it is the one truth. A failure here fails the job with the store untouched.
         target.point_to(fresh, f"reindex job {job.id}")
         job.report["after_swap"] = self.after_swap(manifest.version, merged)
