@@ -108,6 +108,19 @@ def _known_language(code: str) -> str:
 Language = Annotated[
     str, AfterValidator(_known_language), WithJsonSchema({"type": "string", "enum": sorted(SCRIPT_OF_LANGUAGE)})
 ]
+# A filter's language: one of them, or "any", for replies in every language.
+ANY_LANGUAGE = "any"
+
+
+def _known_language_or_any(code: str) -> str:
+    return code if code == ANY_LANGUAGE else _known_language(code)
+
+
+FilterLanguage = Annotated[
+    str,
+    AfterValidator(_known_language_or_any),
+    WithJsonSchema({"type": "string", "enum": [ANY_LANGUAGE, *sorted(SCRIPT_OF_LANGUAGE)]}),
+]
 
 
 def _no_repeats(items: list[str]) -> list[str]:
@@ -179,14 +192,19 @@ class ReplyFilter(Options):
     tags_any: Tags | None = Field(default=None, description="Only candidates with at least one of these tags.")
     tags_all: Tags | None = Field(default=None, description="Only candidates with every one of these tags.")
     tags_none: Tags | None = Field(default=None, description="No candidate with any of these tags.")
-    language: Language | None = Field(default=None, description="Only candidates uploaded with this language.")
+    language: FilterLanguage | None = Field(
+        default=None,
+        description='Only candidates uploaded with this language; "any": every language. Left out, a set whose '
+        "every reply carries a language (the default set: English and Korean) answers from the replies in the "
+        "conversation's language.",
+    )
 
     def rule(self, exclude_ids: list[str] | None = None) -> Filter:
         return Filter(
             tags_any=frozenset(self.tags_any or ()),
             tags_all=frozenset(self.tags_all or ()),
             tags_none=frozenset(self.tags_none or ()),
-            language=self.language,
+            language=None if self.language == ANY_LANGUAGE else self.language,
             exclude_ids=frozenset(exclude_ids or ()),
         )
 
@@ -231,6 +249,12 @@ class ReplyRequest(Options):
         if self.filter is None and self.exclude_ids is None:
             return None
         return (self.filter or ReplyFilter()).rule(self.exclude_ids)
+
+    @property
+    def route_language(self) -> bool:
+        """Whether the conversation's language chooses the replies searched: unless the filter says "any"
+        (or names a language, which then chooses)."""
+        return self.filter is None or self.filter.language != ANY_LANGUAGE
 
     @field_validator("strategies")
     @classmethod

@@ -58,11 +58,11 @@ class Serving:
     def reaction_script(self, turns: Sequence[str]) -> str | None:
         """The script a reaction to these turns must be written in, None for no reaction.
 
-        The script most letters of the whole window are in, so "😂" after a
+        The conversation's script (`conversation_script`), so "😂" after a
         Korean line is still Korean. A window with no letters at all (emoji,
         "?!") gets the script of the bundle's language: Latin for an English
         bundle, none for a multilingual one, which has no language to assume."""
-        return script_of(list(turns)) or SCRIPT_OF_LANGUAGE.get(self.bundle.language)
+        return conversation_script(turns) or SCRIPT_OF_LANGUAGE.get(self.bundle.language)
 
     def uploaded_reactions(self, turns: Sequence[str], rule: Filter | None = None) -> np.ndarray:
         """[X'] rows of the index version's uploaded reactions written in the conversation's script
@@ -106,6 +106,13 @@ class Serving:
         sets = [ReactionSet("model", language, len(self.reactions.labels)) for language in model if self.reactions]
         uploaded = Counter(self.index.reaction_languages) if self.index.reaction_vectors is not None else Counter()
         return sets + [ReactionSet("upload", language, n) for language, n in sorted(uploaded.items())]
+
+
+def conversation_script(turns: Sequence[str]) -> str | None:
+    """The script a reply to these turns is written in: the last turn's, the one being answered, so a
+    user who turns from Korean to English is answered in English; where it has no letters ("😂",
+    "?!"), the one most letters of the whole window are in. None without letters."""
+    return (script_of([turns[-1]]) or script_of(list(turns))) if turns else None
 
 
 @dataclass(frozen=True)
@@ -170,6 +177,52 @@ def distinct(hits: list[Scored], k: int, avoid: Avoid) -> list[Scored]:
         if len(out) == k:
             break
     return out
+
+
+def answer_language(index: IndexVersion, script: str | None, rule: Filter | None = None) -> str | None:
+    """The language a conversation written in `script` is answered in: the one language of the version's
+    replies written in that script, where every reply carries a language whose script is known (the
+    default set: chitchat's English and the shipped Korean). None where a request's filter names a
+    language of its own, or where no single language fits: then every candidate competes, and the hits
+    in the conversation's script are kept (`in_script`).
+
+    A multilingual encoder puts a Korean turn near its English translation, and an English reply set 20
+    times the Korean one's size holds many such near translations: searching the language's rows alone
+    (a filter on the language, compiled once a version) keeps them out of the top k."""
+    if script is None or (rule is not None and rule.language is not None):
+        return None
+    languages = _LANGUAGES_BY_VERSION.get(index.version)
+    if languages is None:  # once a version: a pass over its language rows
+        languages = _languages_by_script(index)
+        if len(_LANGUAGES_BY_VERSION) >= _VERSIONS_KEPT:
+            _LANGUAGES_BY_VERSION.clear()
+        _LANGUAGES_BY_VERSION[index.version] = languages
+    fits = languages.get(script, ())
+    return fits[0] if len(fits) == 1 else None
+
+
+# A version never changes once committed, so its name keys what its rows say. Kept here, not in the
+# version's own memo, whose order says which filters were used last (`filters.warm`).
+_LANGUAGES_BY_VERSION: dict[str, dict[str, tuple[str, ...]]] = {}
+_VERSIONS_KEPT = 64
+
+
+def _languages_by_script(index: IndexVersion) -> dict[str, tuple[str, ...]]:
+    """script -> the languages of the version's replies written in it; empty unless every reply carries a
+    language whose script is known (a reply without one could be in any script)."""
+    rows = index.reply_language_rows
+    if not rows or any(language not in SCRIPT_OF_LANGUAGE for language in rows):
+        return {}
+    covered = np.zeros(len(index.reply_ids), dtype=bool)  # [R]
+    for language_rows in rows.values():
+        covered[language_rows] = True
+    if not covered.all():
+        return {}
+    by_script: dict[str, tuple[str, ...]] = {}
+    for language in sorted(rows):
+        script = SCRIPT_OF_LANGUAGE[language]
+        by_script[script] = (*by_script.get(script, ()), language)
+    return by_script
 
 
 def in_script(hits: list[Scored], script: str | None) -> list[Scored]:
@@ -348,10 +401,27 @@ class WalkRequest:
     threshold_given: bool = False  # the request set its own reply-matching threshold: no rolling share
     laps: Laps | None = None  # where the searches, the rerank and the reactions add their seconds
     rule: Filter | None = None  # which candidates the request allows (tags, language, ids)
+    # Search only the replies in the conversation's language, where the version says which that is
+    # (`answer_language`); False: every language competes (a request's filter language "any").
+    route_language: bool = True
 
 
 def walk(serving: Serving, request: WalkRequest) -> Answer | None:
+    """`walk_in`, searching only the replies in the conversation's language where the version has one
+    (`answer_language`). If every one of them is blocked, the replies in any language may answer: a
+    reply beats none, as in `in_script`."""
+    script = conversation_script(request.window)
+    language = answer_language(serving.index, script, request.rule) if request.route_language else None
+    answer = walk_in(serving, request, script, language)
+    if answer is None and language is not None:
+        answer = walk_in(serving, request, script, None)
+    return answer
+
+
+def walk_in(serving: Serving, request: WalkRequest, script: str | None, language: str | None) -> Answer | None:
     """The strategies in the fixed order (docs/architecture.md); None when every candidate is blocked.
+    `script`: the conversation's. `language`: search only the replies in it (reactions go by the
+    script already, and by the request's own filter).
 
     1. query similarity answers if its top cosine reaches its threshold;
     2. reply matching answers if its confidence reaches its threshold, or if
@@ -364,11 +434,11 @@ def walk(serving: Serving, request: WalkRequest) -> Answer | None:
     """
     k, allowed, thresholds = request.k, request.allowed, request.thresholds
     rule = request.rule or None  # an empty filter admits everything: no selector at all
+    searched = replace(rule or Filter(), language=language) if language is not None else rule
     # Tags and language select rows in the search; excluded ids are dropped after it (core/filters.py).
-    only = admitted(serving.index, rule) if rule else None
+    only = admitted(serving.index, searched) if searched else None
     avoid = replace(request.avoid, ids=request.avoid.ids | rule.exclude_ids) if rule else request.avoid
     can_react = "reaction" in allowed and serving.reactions_apply(request.window, rule)
-    script = script_of(request.window)
     query_hits: Callable[[], list[Scored]] | None = None  # the fallback's: rarely needed, so searched only then
     if "query_similarity" in allowed and request.query_vector is not None:
         query_hits = partial(

@@ -13,9 +13,14 @@ from app.engine.cache import EmbeddingCache
 from app.engine.kv import open_store
 from app.schemas import MAX_TURN_CHARS
 from core.records import Candidate
+from core.store import IndexStore
 from core.text import normalize, script_of
-from index.build import tables
-from tests.helpers import TOKEN, AppFactory, upload
+from index.__main__ import main as index_main
+from index.build import korean_candidates, tables
+from index.corpus import load_korean_conversations
+from index.first_slice import SLICE_REPLIES, language_quotas, owed, settle
+from tests.helpers import PAIRS, TOKEN, AppFactory, bundle_of, upload
+from tests.test_first_build import tiny_corpus
 
 KOREAN = Path(__file__).parent / "data" / "korean_chitchat.jsonl"
 ROWS = [json.loads(line) for line in KOREAN.read_text().splitlines()]
@@ -100,3 +105,100 @@ async def test_each_conversation_is_answered_in_its_own_script_from_a_mixed_cand
         await upload(client, english, mode="replace")
         body = (await client.post("/reply", json={"context": ["배고파 죽겠다"], **ask})).json()
         assert script_of([body["reply"]]) == "Latin"
+
+
+# The default set in two languages (`make run`): each turn is answered from its own language's replies.
+KOREAN_REPLIES = ["주말에 등산 가려고 ㅋㅋ", "나도 배고파 ㅠㅠ", "헐 진짜? 대박"]
+# English replies dense with the punctuation a Korean turn below shares with them: under the tiny encoder
+# (characters as pieces) they sit nearer that turn than the Korean replies do, as a multilingual encoder's
+# English translations of a Korean line do. Enough of them to fill a search's whole depth.
+ENGLISH_REPLIES = [f"?!?! ... no way {i} ?!?!" for i in range(60)] + [r for _, r in PAIRS]
+PUNCTUATED_KOREAN = "주말에 뭐 해?!?! ...?!?! ...?!?!"
+
+
+def _records(languages: bool) -> list[dict[str, str]]:
+    pairs = [(r, "ko") for r in KOREAN_REPLIES] + [(r, "en") for r in ENGLISH_REPLIES]
+    return [{"reply": r, **({"language": lang} if languages else {})} for r, lang in pairs]
+
+
+@pytest.mark.anyio
+async def test_a_default_set_in_both_languages_answers_each_turn_from_its_own_language(
+    make_client: AppFactory, tmp_path: Path
+) -> None:
+    ask = {"strategies": ["reply_matching"], "k": 5}
+    async with make_client(artifacts_dir=tmp_path / "both", admin_token=TOKEN) as client:
+        assert (await upload(client, _records(languages=False), mode="replace"))["state"] == "succeeded"
+        # Without languages every reply competes: this turn's nearest are all English.
+        unrouted = (await client.post("/reply", json={"context": [PUNCTUATED_KOREAN], **ask})).json()
+        assert script_of([unrouted["reply"]]) == "Latin", unrouted
+
+        assert (await upload(client, _records(languages=True), mode="replace"))["state"] == "succeeded"
+        for turn in [PUNCTUATED_KOREAN, "주말에 뭐 해?", "배고파 죽겠다"]:
+            body = (await client.post("/reply", json={"context": [turn], **ask})).json()
+            assert {c["text"] for c in body["candidates"]} <= set(KOREAN_REPLIES), body
+        for turn in ["?!?! what are you doing this weekend?", "do you like dogs?"]:
+            body = (await client.post("/reply", json={"context": [turn], **ask})).json()
+            assert {c["text"] for c in body["candidates"]} <= set(ENGLISH_REPLIES), body
+        # A session follows its own language from turn to turn.
+        for message, replies in [("안녕! 주말에 뭐 해?", KOREAN_REPLIES), ("what about you?", ENGLISH_REPLIES)]:
+            body = (await client.post("/reply", json={"session_id": "both", "message": message, **ask})).json()
+            assert body["reply"] in replies, body
+
+
+@pytest.mark.anyio
+async def test_a_request_may_ask_for_another_language_or_any(make_client: AppFactory, tmp_path: Path) -> None:
+    ask = {"strategies": ["reply_matching"], "k": 5, "context": [PUNCTUATED_KOREAN]}
+    async with make_client(artifacts_dir=tmp_path / "override", admin_token=TOKEN) as client:
+        await upload(client, _records(languages=True), mode="replace")
+        english = (await client.post("/reply", json={**ask, "filter": {"language": "en"}})).json()
+        assert {c["text"] for c in english["candidates"]} <= set(ENGLISH_REPLIES), english
+        anything = (await client.post("/reply", json={**ask, "filter": {"language": "any"}})).json()
+        # "any": every reply competes, as in a set without languages.
+        await upload(client, _records(languages=False), mode="replace")
+        unrouted = (await client.post("/reply", json=ask)).json()
+        bad = await client.post("/reply", json={**ask, "filter": {"language": "klingon"}})
+    assert [c["text"] for c in anything["candidates"]] == [c["text"] for c in unrouted["candidates"]]
+    assert script_of([anything["reply"]]) == "Latin"
+    assert bad.status_code == 422 and bad.json()["error"]["field"] == "filter.language"
+
+
+def test_the_shipped_korean_conversations_are_the_ones_in_models_data() -> None:
+    """index/data ships them for the image, which has no models/data; an edit of either shows here."""
+    shipped = {tuple(c.turns) for c in load_korean_conversations()}
+    ours = Path(__file__).resolve().parent.parent / "models" / "data"
+    written = [json.loads(line)["turns"] for line in (ours / "korean_conversations.jsonl").read_text().splitlines()]
+    translated = (ours / "korean_translated_chitchat.jsonl").read_text().splitlines()
+    expected = {tuple(t) for t in written} | {tuple(json.loads(line)["turns"]) for line in translated}
+    assert shipped == expected, "rebuild index/data/korean_conversations.jsonl.gz as index/data/README.md says"
+
+
+def test_the_first_slice_gives_korean_its_share() -> None:
+    assert language_quotas({"en": 96_000, "ko": 4_264}, SLICE_REPLIES) == {"en": 1200, "ko": 300}
+    assert language_quotas({None: 96_000}, SLICE_REPLIES) == {None: SLICE_REPLIES}  # one language: all of it
+    assert language_quotas({"en": 900, "ko": 100}, SLICE_REPLIES) == {"en": 900, "ko": 100}  # no more than it has
+
+
+@pytest.mark.anyio
+async def test_make_run_serves_korean_beside_english_from_the_first_slice(
+    make_client: AppFactory, artifacts: Path, tmp_path: Path
+) -> None:
+    """`make run`'s first slice (`python -m index --if-missing --first-slice`) over a small English corpus
+    and the shipped Korean: a Korean turn is answered from the Korean replies, an English one in English."""
+    corpus = tiny_corpus(tmp_path / "corpus.json")
+    own = tmp_path / "artifacts"
+    args = ["--artifacts", str(own), "--bundle", str(bundle_of(artifacts)), "--corpus", str(corpus)]
+    index_main([*args, "--if-missing", "--first-slice", "200"])
+    store = IndexStore(own / "indexes")
+    debt = owed(store.root)
+    assert debt is not None and debt.korean and debt.source == "chitchat:train+korean"
+    languages = store.tables(debt.slice_version).reply_language_rows
+    # A fifth of the slice at least for each language (here English has the fewer replies).
+    assert min(len(languages["ko"]), len(languages["en"])) >= 40 and store.manifest(debt.slice_version).replies == 200
+    settle(store.root)  # the full build behind the slice is test_first_build's
+    korean = {c.reply for c in korean_candidates(3)}
+    async with make_client(artifacts_dir=own) as client:
+        for turn in ["주말에 뭐 해?", "배고파 죽겠다", "나 오늘 합격했어!"]:
+            body = (await client.post("/reply", json={"context": [turn], "strategies": ["reply_matching"]})).json()
+            assert body["reply"] in korean, body
+        body = await client.post("/reply", json={"context": ["hello number 7"], "strategies": ["reply_matching"]})
+        assert script_of([body.json()["reply"]]) == "Latin", body.json()

@@ -122,6 +122,7 @@ class ReplyOptions:
     rerank_depth: int = 50  # FAISS hits the poly head rescores
     rule: Filter | None = None  # which candidates may answer: tags, language, ids
     set_name: str = DEFAULT_SET  # the candidate set to answer from
+    route_language: bool = True  # answer from the conversation's language's replies (`retriever.answer_language`)
 
 
 @dataclass(frozen=True)
@@ -193,6 +194,7 @@ async def reply(runtime: Runtime, turns: Sequence[str], options: ReplyOptions, e
         threshold_given=bool(options.thresholds and "reply_matching" in options.thresholds),
         laps=laps,
         rule=options.rule,
+        route_language=options.route_language,
     )
     answer = await runtime.pool.run(retriever.walk, serving, request)
     runtime.stages.observe_all(laps.seconds)

@@ -30,6 +30,7 @@ async def reply(body: ReplyRequest, runtime: RuntimeDep, request: Request) -> Re
         rerank_depth=runtime.settings.rerank_depth,
         rule=body.rule(),
         set_name=body.set,
+        route_language=body.route_language,
     )
     if body.context is not None:
         if body.session_id is not None or body.message is not None:
