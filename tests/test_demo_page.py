@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-from tests.helpers import AUTH, TOKEN, bundle_of
+from tests.helpers import AUTH, PAIRS, REPLY_ONLY, TOKEN, bundle_of
 
 if TYPE_CHECKING:
     from playwright.sync_api import Page, Route
@@ -266,13 +266,9 @@ def test_a_conversation_in_a_phone_sized_browser(
 KOREAN_REPLIES = ["축하해! 정말 잘됐다", "헐 괜찮아? 많이 아파?", "나도 치킨 좋아해 ㅋㅋ"]
 
 
-def test_the_readme_korean_walk_through_in_a_browser(page: Page, server: str) -> None:
-    """README, "A Korean set": upload Korean replies into a set of their own, pick it on the page, chat in Korean."""
-    from playwright.sync_api import expect
-
-    expect.set_options(timeout=TIMEOUT_MS)
-    records = [{"reply": r, "id": f"ko-{i}", "language": "ko"} for i, r in enumerate(KOREAN_REPLIES)]
-    accepted = httpx.post(f"{server}/admin/sets/korean/candidates", json=records, headers=AUTH, timeout=30)
+def _upload(server: str, path: str, records: list[dict[str, str]]) -> None:
+    """Records through the admin API, waiting for the reindex to finish."""
+    accepted = httpx.post(f"{server}{path}", json=records, headers=AUTH, timeout=30)
     assert accepted.status_code == 202, accepted.text
     for _ in range(600):
         job = httpx.get(f"{server}{accepted.json()['status']}", headers=AUTH, timeout=10).json()
@@ -280,6 +276,15 @@ def test_the_readme_korean_walk_through_in_a_browser(page: Page, server: str) ->
             break
         time.sleep(0.1)
     assert job["state"] == "succeeded", job
+
+
+def test_the_readme_korean_walk_through_in_a_browser(page: Page, server: str) -> None:
+    """README, "A Korean set": upload Korean replies into a set of their own, pick it on the page, chat in Korean."""
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=TIMEOUT_MS)
+    records = [{"reply": r, "id": f"ko-{i}", "language": "ko"} for i, r in enumerate(KOREAN_REPLIES)]
+    _upload(server, "/admin/sets/korean/candidates", records)
 
     page.goto("/")
     picker = page.get_by_label("Set")
@@ -292,4 +297,47 @@ def test_the_readme_korean_walk_through_in_a_browser(page: Page, server: str) ->
     expect(bot).to_have_count(1)
     assert bot.first.locator(".text").inner_text().strip() in KOREAN_REPLIES
     expect(page.locator("#index-version")).to_have_text(re.compile(r"^korean v"))
+    expect(page.locator("#error")).to_be_hidden()
+
+
+# The default set as `make run` builds it: English and Korean replies, each with its language.
+DEFAULT_KOREAN = ["주말에 등산 가려고 ㅋㅋ", "나도 배고파 ㅠㅠ", "헐 진짜? 대박"]
+DEFAULT_ENGLISH = [r for _, r in PAIRS] + REPLY_ONLY
+
+
+def test_a_korean_message_on_the_default_set_gets_a_korean_reply(page: Page, server: str) -> None:
+    """The default set holds both languages: each message is answered in its own, and the page can ask for another."""
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=TIMEOUT_MS)
+    records = [{"reply": r, "language": "ko"} for r in DEFAULT_KOREAN]
+    _upload(
+        server, "/admin/candidates?mode=replace", records + [{"reply": r, "language": "en"} for r in DEFAULT_ENGLISH]
+    )
+
+    sent: list[dict[str, object]] = []
+    page.route("**/reply", lambda route: (sent.append(route.request.post_data_json), route.continue_()))
+    page.goto("/")
+    box = page.get_by_label("Your message")
+    bot = page.locator(".msg.bot:not(.thinking)")
+    box.fill("주말에 뭐 해?")
+    box.press("Enter")
+    expect(bot).to_have_count(1)
+    reply = bot.first.locator(".text")
+    assert reply.inner_text().strip() in DEFAULT_KOREAN
+    expect(reply).to_have_attribute("lang", "ko")  # a Korean font and voice for it
+    assert {c.strip() for c in bot.first.locator(".candidate-text").all_inner_texts()} <= set(DEFAULT_KOREAN)
+    assert "filter" not in sent[-1]  # the message's own language: nothing to ask
+
+    box.fill("do you like dogs?")
+    box.press("Enter")
+    expect(bot).to_have_count(2)
+    assert bot.nth(1).locator(".text").inner_text().strip() in DEFAULT_ENGLISH
+
+    page.get_by_label("Replies in").select_option("en")  # the same session, English asked for
+    box.fill("배고파 죽겠다")
+    box.press("Enter")
+    expect(bot).to_have_count(3)
+    assert bot.nth(2).locator(".text").inner_text().strip() in DEFAULT_ENGLISH
+    assert sent[-1]["filter"] == {"language": "en"}
     expect(page.locator("#error")).to_be_hidden()

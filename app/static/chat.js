@@ -16,6 +16,7 @@
   const modelLabel = $("model-name");
   const tagFilter = $("tag-filter");
   const setPicker = $("set-picker");
+  const languagePicker = $("language-picker");
 
   const REQUEST_TIMEOUT_MS = 15000;
   let sessionId = "";
@@ -36,6 +37,15 @@
 
   const score = (value) => value.toFixed(3);
 
+  // Hangul syllables and jamo: such a line is marked Korean, so the browser picks a Korean font and a
+  // screen reader a Korean voice. Anything else keeps the page's language.
+  const HANGUL = /[\u1100-\u11ff\u3130-\u318f\uac00-\ud7a3]/;
+  function textNode(tag, className, value) {
+    const node = el(tag, className, value);
+    if (HANGUL.test(value)) node.lang = "ko";
+    return node;
+  }
+
   function showError(message) {
     errorLine.textContent = message;
     errorLine.hidden = !message;
@@ -52,15 +62,15 @@
     return item;
   }
 
-  function userMessage(text) {
+  function userMessage(message) {
     const item = el("li", "msg user");
-    item.append(el("span", "visually-hidden", "You: "), el("p", "text", text));
+    item.append(el("span", "visually-hidden", "You: "), textNode("p", "text", message));
     return item;
   }
 
   function botMessage(body) {
     const item = el("li", "msg bot");
-    item.append(el("span", "visually-hidden", "Bot: "), el("p", "text", body.reply));
+    item.append(el("span", "visually-hidden", "Bot: "), textNode("p", "text", body.reply));
 
     const meta = el("p", "meta");
     meta.append(el("span", "source", body.source), el("span", "score", "score " + score(body.score)));
@@ -77,7 +87,7 @@
       const ranked = el("ol");
       for (const c of body.candidates) {
         const row = el("li", c.id === body.id ? "candidate chosen" : "candidate");
-        row.append(el("span", "candidate-text", c.text));
+        row.append(textNode("span", "candidate-text", c.text));
         const info = el("span", "candidate-meta");
         info.append(el("span", "score", score(c.score)), el("span", "source", c.source));
         if (c.id === body.id) info.append(el("span", "chosen-mark", "chosen"));
@@ -107,11 +117,15 @@
     return response.status === 503 ? message + ". Please retry later." : message;
   }
 
-  // The request body: the session's next message, and the tag filter if one is typed.
-  function replyBody(forSession, text) {
-    const body = { session_id: forSession, message: text, k: 5 };
+  // The request body: the session's next message, the tag filter if one is typed, and the language
+  // of the replies if one is picked (none: the message's own).
+  function replyBody(forSession, message) {
+    const body = { session_id: forSession, message, k: 5 };
     const tags = [...new Set(tagFilter.value.split(",").map((t) => t.trim()).filter(Boolean))];
-    if (tags.length) body.filter = { tags_any: tags };
+    const filter = {};
+    if (tags.length) filter.tags_any = tags;
+    if (languagePicker.value) filter.language = languagePicker.value;
+    if (Object.keys(filter).length) body.filter = filter;
     if (setPicker.value !== "default") body.set = setPicker.value;
     return body;
   }
