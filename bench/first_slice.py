@@ -30,7 +30,7 @@ from core.bundle import RELEASE_BUNDLE, open_bundle
 from core.encoder import Encoder
 from core.store import IndexStore
 from core.text import normalize
-from index.build import build_version, corpus_candidates
+from index.build import DEFAULT_SOURCE, ENGLISH_SOURCE, build_version, default_candidates
 from index.corpus import load_pairs
 from index.first_slice import SLICE_REPLIES, first_slice
 
@@ -55,9 +55,11 @@ def main() -> None:
     encoder = Encoder(RELEASE_BUNDLE, bundle)
     full_store = IndexStore(args.artifacts / "indexes")
     full = full_store.latest_for(bundle.checksum)
-    if full is None or full_store.manifest(full).source != "chitchat:train":
+    source = full_store.manifest(full).source if full else None
+    if full is None or source not in (DEFAULT_SOURCE, ENGLISH_SOURCE):
         raise SystemExit(f"no full chitchat index for {bundle.name} under {args.artifacts}: run `make index`")
-    candidates = corpus_candidates(bundle.max_context_turns)
+    # The slice of the same candidates as the full index: with Korean, a fifth of it is Korean replies.
+    candidates = default_candidates(bundle.max_context_turns, korean=source == DEFAULT_SOURCE)
     with tempfile.TemporaryDirectory() as scratch:
         slice_store = IndexStore(Path(scratch) / "indexes")
         started = time.perf_counter()
