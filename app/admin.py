@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis
 
@@ -35,15 +37,16 @@ from app.engine.sets import (
     NoSuchSet,
     check_set_name,
     creating,
-    indexes_root,
+    holds_a_version,
     move_set_dir_away,
     names_on_volume,
+    on_volume,
     remove_moved,
     set_dir,
-    stored_replies,
+    stored_candidates,
 )
 from app.engine.stats import Buckets
-from core.store import IndexStore
+from core.records import Candidate
 from index.candidates import REDIS_KEY, CandidateStore, FileCandidateStore, RedisCandidateStore
 
 log = logging.getLogger(__name__)
@@ -107,19 +110,46 @@ class Admin:
         for name in list(self.runtime.sets):
             self.of(name).sweep()
 
-    def of(self, name: str, create: bool = False) -> SetAdmin:
-        """The admin side of set `name`. NoSuchSet unless the set exists or `create` (an upload)."""
+    def of(self, name: str) -> SetAdmin:
+        """The admin side of set `name`. NoSuchSet unless this replica has the set."""
         check_set_name(name)
         with self._guard:
             if name not in self.runtime.sets:
-                if not create:
-                    raise NoSuchSet(name)
-                with creating(self.settings.artifacts_dir):  # counted and made as one step, across replicas
-                    self._check_room_for_a_set(name)
-                    set_dir(self.settings.artifacts_dir, name).joinpath("indexes").mkdir(parents=True, exist_ok=True)
+                raise NoSuchSet(name)
             if name not in self.sets or self.sets[name].candidate_set is not self.runtime.add_set(name):
                 self.sets[name] = self._wire(self.runtime.add_set(name))
             return self.sets[name]
+
+    def admit(
+        self, name: str, mode: str, records: list[Candidate], report: dict[str, Any], encoder: str | None = None
+    ) -> tuple[SetAdmin, Job]:
+        """Counts the sets and the candidates, and submits the upload's job, as one step under the lock
+        on the shared volume that every replica takes for it (`creating`). A job that runs counts as
+        what it will hold: a set whose first job runs takes a slot, and its candidates count, so uploads
+        sent together (here or to other replicas) cannot all pass the limits. A set whose first job
+        failed holds nothing and takes no slot, until its next upload is counted as a new set's.
+        SetLimit past a limit, NoSuchSet for a delete from no set, Busy while the set's job runs."""
+        check_set_name(name)
+        artifacts = self.settings.artifacts_dir
+        with creating(artifacts):
+            exists = name in self.runtime.sets or on_volume(artifacts, name)
+            if not exists and mode == "delete":
+                raise NoSuchSet(name)
+            reserved = 0
+            if mode != "delete":
+                others, held = self._usage(besides=name)
+                if not (name == DEFAULT_SET or holds_a_version(artifacts, name) or self._running(name)):
+                    self._check_room_for_a_set(name, others)
+                # At most what is stored plus what is uploaded (records, as the job builds on the version
+                # the pointer names); a replace holds what is uploaded.
+                reserved = (stored_candidates(artifacts, name) if mode == "append" else 0) + len(records)
+                self._check_total(name, reserved, held)
+            if not exists:
+                set_dir(artifacts, name).joinpath("indexes").mkdir(parents=True, exist_ok=True)
+            self.runtime.add_set_on_volume(name)
+            target = self.of(name)
+            # Saved, with what it reserves, before the volume's lock is let go: the next count sees it.
+            return target, target.reindexer.submit(mode, records, report, encoder, reserved=reserved)
 
     def find_job(self, job_id: str) -> Job | None:
         """A job of any set, by id (ids are unique across sets)."""
@@ -129,16 +159,35 @@ class Admin:
                 return found
         return None
 
-    def check_total(self, name: str, after: int) -> None:
-        """SetLimit if set `name` holding `after` candidates would put all sets over the limit."""
-        # Every set on the shared volume, as its pointer's version says: not only those this replica serves.
+    def _usage(self, besides: str) -> tuple[int, int]:
+        """(the sets that take a slot, the candidates they hold or will hold) over every set but `besides`
+        on the shared volume, those no replica here has found yet included. A set takes a slot while
+        it holds a version or a job of it runs (the default set always does); it holds what its
+        pointer's version was built from, or what a running job reserved, whichever is more."""
         artifacts = self.settings.artifacts_dir
-        others = sum(stored_replies(artifacts, n) for n in names_on_volume(artifacts) or [DEFAULT_SET] if n != name)
+        sets = candidates = 0
+        for name in {DEFAULT_SET, *(names_on_volume(artifacts) or ()), *self.runtime.sets} - {besides}:
+            running = self._running(name)
+            if name == DEFAULT_SET or running or holds_a_version(artifacts, name):
+                sets += 1
+            candidates += max([stored_candidates(artifacts, name), *(j.counts.get("reserved", 0) for j in running)])
+        return sets, candidates
+
+    def _running(self, name: str) -> list[Job]:
+        """Set `name`'s jobs that run: active, and their token holds the set's lock (or held it a
+        moment ago: a job saves its end after it lets the lock go)."""
+        wired = self.sets.get(name)
+        jobs, lock = (wired.jobs, wired.reindexer.lock) if wired is not None else self._jobs_and_lock(name)
+        holder = lock.holder()
+        return [j for j in jobs.active() if j.token == holder or time.time() - j.updated_at < FINISHING_GRACE_S]
+
+    def _check_total(self, name: str, after: int, others: int) -> None:
         limit = self.settings.max_total_candidates
         if others + after > limit:
             raise SetLimit(
-                f"set {name!r} would hold {after:,} candidates and the other sets hold {others:,}: "
-                f"over the service's limit of {limit:,} (CHITCHAT_MAX_TOTAL_CANDIDATES)",
+                f"set {name!r} would hold {after:,} candidates and the other sets hold {others:,} (or will, "
+                f"once their running jobs end): over the service's limit of {limit:,} "
+                "(CHITCHAT_MAX_TOTAL_CANDIDATES)",
                 "records",
                 too_large=True,
             )
@@ -172,33 +221,32 @@ class Admin:
         if self.client is not None:
             self.client.close()
 
-    def _check_room_for_a_set(self, name: str) -> None:
-        """Counts the sets on the shared volume that hold a version, those no replica has discovered yet
-        included; a set whose first upload failed holds nothing, and takes no slot."""
-        artifacts = self.settings.artifacts_dir
-        named = set(names_on_volume(artifacts) or [DEFAULT_SET]) | set(self.runtime.sets)
-        held = sum(1 for n in named if n == DEFAULT_SET or IndexStore(indexes_root(artifacts, n)).versions())
+    def _check_room_for_a_set(self, name: str, held: int) -> None:
         if held >= self.settings.max_sets:
             raise SetLimit(
-                f"cannot create set {name!r}: the service holds {held} sets, its limit "
-                "(CHITCHAT_MAX_SETS); delete one first",
+                f"cannot create set {name!r}: the service holds {held} sets (those whose first job runs "
+                "included), its limit (CHITCHAT_MAX_SETS); delete one first",
                 "set",
                 too_large=False,
             )
 
+    def _jobs_and_lock(self, name: str) -> tuple[JobStore, Lock]:
+        if self.client is not None:
+            prefix = "" if name == DEFAULT_SET else f"set:{name}:"
+            return RedisJobStore(self.client, prefix), RedisLock(self.client, f"{prefix}{LOCK_KEY}")
+        root = self.settings.artifacts_dir if name == DEFAULT_SET else set_dir(self.settings.artifacts_dir, name)
+        return FileJobStore(root / "jobs"), self.locks.setdefault(name, ProcessLock())
+
     def _wire(self, candidate_set: CandidateSet) -> SetAdmin:
         name = candidate_set.name
         candidates: CandidateStore
-        jobs: JobStore
-        lock: Lock
+        jobs, lock = self._jobs_and_lock(name)
         if self.client is not None:
             prefix = "" if name == DEFAULT_SET else f"set:{name}:"
             candidates = RedisCandidateStore(self.client, f"{prefix}{REDIS_KEY}")
-            jobs, lock = RedisJobStore(self.client, prefix), RedisLock(self.client, f"{prefix}{LOCK_KEY}")
         else:
             root = self.settings.artifacts_dir if name == DEFAULT_SET else set_dir(self.settings.artifacts_dir, name)
             candidates = FileCandidateStore(root / "candidates.jsonl")
-            jobs, lock = FileJobStore(root / "jobs"), self.locks.setdefault(name, ProcessLock())
         publish = Publisher(self.client, self.origin, name)
         reindexer = Reindexer(
             self.runtime, candidate_set, candidates, jobs, lock, publish, self.outcomes, self.durations

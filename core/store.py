@@ -9,6 +9,7 @@ that reads or writes a version's files.
         queries.faiss          the stored queries', likewise
         candidates.json.gz     reply ids and texts, query texts, query -> reply rows
         records.jsonl.gz       the candidate records it was built from, whole: a rollback restores them
+        records.count          how many records that is (the limit on candidates over every set)
         reactions.faiss        the vectors of reactions the upload brought, if any (exact search: a few dozen)
       .staging-*/              a build in progress, with an OWNER file naming its process;
                                removed once that process is gone (`remove_staging`)
@@ -20,6 +21,7 @@ the .faiss files only; the rerank and the next build read them back from there.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import os
@@ -61,6 +63,7 @@ PROBES = "probes.npy"
 # Text compresses about 3:1 and is read once per load: gzip keeps a version of ~100k candidates under 150 MB.
 TABLES = "candidates.json.gz"
 RECORDS = "records.jsonl.gz"
+RECORD_COUNT = "records.count"  # how many records RECORDS holds: the limit on candidates reads it, not them
 # In a staging directory: the process writing it, {"host", "pid", "started", "boot", "pidns", "start", "token"}
 # (`this_process`).
 OWNER = "OWNER"
@@ -339,6 +342,7 @@ class IndexStore:
             json.dump(asdict(tables), f, ensure_ascii=False)
         with gzip.open(staging / RECORDS, "wt", encoding="utf-8", compresslevel=6) as f:
             f.writelines(to_json(c) + "\n" for c in records)
+        (staging / RECORD_COUNT).write_text(f"{len(records)}\n")
 
     def records(self, version: str) -> list[Candidate]:
         """The candidate records a version was built from."""
@@ -355,6 +359,12 @@ class IndexStore:
         replies = enumerate(zip(t.reply_ids, t.reply_texts, strict=True))
         rebuilt += [Candidate(reply=r, id=i) for row, (i, r) in replies if row not in paired]
         return rebuilt
+
+    def record_count(self, version: str) -> int:
+        """How many candidate records a version was built from, without reading them: the count the
+        build wrote beside them, or for a version from before it, its records counted once (a
+        version never changes) or, older still, its replies and queries."""
+        return _record_count(str(self.path(version)))
 
     def tables(self, version: str) -> Tables:
         with gzip.open(self.path(version) / TABLES, "rt", encoding="utf-8") as f:
@@ -490,6 +500,20 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # someone else's process: alive
         return True
     return True
+
+
+@functools.lru_cache(maxsize=1024)
+def _record_count(directory: str) -> int:
+    path = Path(directory)
+    try:
+        return int((path / RECORD_COUNT).read_text())
+    except (OSError, ValueError):
+        pass
+    if (path / RECORDS).is_file():
+        with gzip.open(path / RECORDS, "rt", encoding="utf-8") as f:
+            return sum(1 for line in f if line.strip())
+    manifest = IndexManifest.from_dict(json.loads((path / MANIFEST).read_text()))
+    return manifest.replies + manifest.queries
 
 
 def _arrays(postings: dict[str, list[int]]) -> dict[str, np.ndarray]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -246,3 +247,89 @@ async def test_set_limits_hold_across_replicas_and_a_failed_first_upload_takes_n
 
 async def _not_following() -> bool:
     return False
+
+
+class HeldBuilds:
+    """Index builds of the sets named in `held` wait until released, then fail if told to: a first
+    job that is still running, or that fails and leaves its set holding nothing."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, *held: str) -> None:
+        from app.engine import reindex
+
+        self.release = {name: threading.Event() for name in held}
+        self.fail: set[str] = set()
+        real = reindex.build_version
+
+        def build(candidates: Any, encoder: Any, checksum: str, store: Any, *args: Any, **kwargs: Any) -> Any:
+            name = store.root.parent.name
+            if name in self.release:
+                assert self.release[name].wait(30)
+                if name in self.fail:
+                    raise OSError(28, "No space left on device")
+            return real(candidates, encoder, checksum, store, *args, **kwargs)
+
+        monkeypatch.setattr(reindex, "build_version", build)
+
+    def end(self, name: str, fail: bool = False) -> None:
+        if fail:
+            self.fail.add(name)
+        self.release[name].set()
+
+
+async def submitted(client: httpx.AsyncClient, name: str, records: list[dict[str, Any]]) -> httpx.Response:
+    return await client.post(f"/admin/sets/{name}/candidates", json=records, headers=AUTH)
+
+
+async def test_sets_whose_first_job_runs_take_a_slot_and_one_that_failed_takes_it_at_its_next_upload(
+    make_client: AppFactory, own_artifacts: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """operations.md, Candidate sets: CHITCHAT_MAX_SETS bounds a replica's memory; a new set past it is
+    409 naming `set`. Only sets that held a version were counted: first uploads sent together all
+    passed (none held one yet), and a set whose first job failed took no slot, so its next upload
+    made a set past the limit (18 sets under a limit of 16)."""
+    held = HeldBuilds(monkeypatch, "english", "broken")
+    async with make_client(artifacts_dir=own_artifacts, admin_token=TOKEN, max_sets=3) as client:
+        first = await submitted(client, "broken", KOREAN)  # its build runs on, for now
+        assert first.status_code == 202, first.text
+        second = await submitted(client, "english", ENGLISH)
+        assert second.status_code == 202, second.text
+        refused = await submitted(client, "fourth", ENGLISH)  # default, broken, english: the limit of 3
+        assert refused.status_code == 409 and refused.json()["error"]["field"] == "set", refused.text
+
+        held.end("broken", fail=True)  # its first job fails: the set holds nothing, and gives its slot back
+        assert (await wait_for(client, first.json()["job_id"]))["state"] == "failed"
+        taken = await submitted(client, "fourth", ENGLISH)
+        assert taken.status_code == 202, taken.text
+        held.end("english")
+        assert (await wait_for(client, second.json()["job_id"]))["state"] == "succeeded"
+        assert (await wait_for(client, taken.json()["job_id"]))["state"] == "succeeded"
+        again = await submitted(client, "broken", KOREAN)  # a set with nothing in it is a new set
+        assert again.status_code == 409 and again.json()["error"]["field"] == "set", again.text
+        listed = {s["name"] for s in (await client.get("/admin/sets", headers=AUTH)).json()["sets"] if s.get("version")}
+        assert listed == {"default", "english", "fourth"}
+
+
+async def test_the_candidate_limit_counts_records_and_the_jobs_still_running(
+    make_client: AppFactory, own_artifacts: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """operations.md, Candidate sets: CHITCHAT_MAX_TOTAL_CANDIDATES bounds the candidates over every
+    set; an upload that would pass it is 413 naming `records`. Other sets were counted by their
+    distinct replies (a reply with two queries is two candidates), and a job still running was not
+    counted at all."""
+    faq = [
+        {"query": q, "reply": r, "id": f"faq-{i}"}
+        for i, (q, r) in enumerate([("hi", "hello!"), ("hey", "hello!"), ("bye", "see you"), ("cya", "see you")])
+    ]
+    held = HeldBuilds(monkeypatch, "running")
+    # The default set's 18 records, faq's 4 (2 distinct replies), a running job's 3: 25.
+    async with make_client(artifacts_dir=own_artifacts, admin_token=TOKEN, max_total_candidates=27) as client:
+        await upload_to(client, "faq", faq)
+        running = await submitted(client, "running", ENGLISH)
+        assert running.status_code == 202, running.text
+        over = await submitted(client, "english", ENGLISH)  # 25 + 3 > 27
+        assert over.status_code == 413 and over.json()["error"]["field"] == "records", over.text
+        fits = await submitted(client, "english", ENGLISH[:2])  # 25 + 2 = 27
+        assert fits.status_code == 202, fits.text
+        held.end("running")
+        for job in (running, fits):
+            assert (await wait_for(client, job.json()["job_id"]))["state"] == "succeeded"

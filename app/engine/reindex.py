@@ -84,6 +84,7 @@ class Reindexer:
         report: dict[str, Any] | None = None,
         encoder: str | None = None,
         still_wanted: Callable[[], bool] | None = None,
+        reserved: int = 0,
     ) -> Job:
         """encoder: the shipped bundle to build with (checked by the caller, `Runtime.model_named`);
         None keeps the set's own, or the default for a new set. Another encoder than the set's
@@ -91,9 +92,12 @@ class Reindexer:
 
         still_wanted: asked under the lock as the job starts and again right before it swaps; False
         fails the job (`Superseded`) with nothing served. What it reads (the pointer) only the lock's
-        holder changes, so no upload or rollback can land between its answer and the swap."""
+        holder changes, so no upload or rollback can land between its answer and the swap.
+
+        reserved: the candidates the set may hold once the job ends, counted against the limit over
+        every set while it runs (`Admin.admit`)."""
         job = Job.new(mode)
-        job.counts = {"uploaded": len(upload)}
+        job.counts = {"uploaded": len(upload), **({"reserved": reserved} if reserved else {})}
         job.report = dict(report or {})
         if encoder is not None:
             job.report["encoder"] = encoder

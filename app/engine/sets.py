@@ -95,15 +95,20 @@ def creating(artifacts: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def stored_replies(artifacts: Path, name: str) -> int:
-    """What the version set `name`'s pointer names holds, read from the volume: every replica sees it,
-    whether or not it has loaded the set."""
+def stored_candidates(artifacts: Path, name: str) -> int:
+    """The candidate records the version set `name`'s pointer names was built from, read from the
+    volume: every replica sees it, whether or not it has loaded the set. Records, as an upload is
+    counted: a reply stored once with two queries is two candidates."""
     store = IndexStore(indexes_root(artifacts, name))
     try:
         version = store.current()
-        return store.manifest(version).replies if version else 0
+        return store.record_count(version) if version else 0
     except (OSError, ValueError):
         return 0
+
+
+def holds_a_version(artifacts: Path, name: str) -> bool:
+    return bool(IndexStore(indexes_root(artifacts, name)).versions())
 
 
 def on_volume(artifacts: Path, name: str) -> bool:

@@ -158,7 +158,6 @@ async def _submit(
     encoder: str | None = None,
 ) -> dict[str, Any]:
     _check_encoder(admin.runtime, encoder)  # before the body is read
-    # A new set is only made once the upload is known good (below): a refused one leaves nothing behind.
     target = await anyio.to_thread.run_sync(admin.of, name) if name in admin.runtime.sets else None
     if target is not None:
         holder = await anyio.to_thread.run_sync(target.reindexer.lock.holder)
@@ -171,13 +170,9 @@ async def _submit(
     parsed = await anyio.to_thread.run_sync(
         parse_upload, body, content_type, mode, settings.admin_max_records, on_invalid
     )
-    if mode != "delete":
-        # At most what is stored plus what is uploaded; a replace holds what is uploaded.
-        stored = await anyio.to_thread.run_sync(target.candidates.count) if target and mode == "append" else 0
-        await anyio.to_thread.run_sync(admin.check_total, name, stored + len(parsed.records))
-    if target is None:
-        target = await anyio.to_thread.run_sync(lambda: admin.of(name, create=True))
-    job = await anyio.to_thread.run_sync(target.reindexer.submit, mode, parsed.records, parsed.report(), encoder)
+    # The limits on sets and candidates are counted, and the job submitted, in one step: a new set is
+    # only made once the upload is known good, and a refused one leaves nothing behind.
+    _, job = await anyio.to_thread.run_sync(admin.admit, name, mode, parsed.records, parsed.report(), encoder)
     logs.note(request.scope, job_id=job.id, records=len(parsed.records), skipped=parsed.skipped_count, set=name)
     return _accepted(name, job.id, job.state, mode, len(parsed.records), parsed.skipped_count)
 
