@@ -4,12 +4,15 @@ for named sets (`/admin/sets/{name}/...`). Every route needs the bearer token.""
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict
 from typing import Annotated, Any, Literal
+from urllib.parse import parse_qs
 
 import anyio.to_thread
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app import logs
 from app.admin import Admin, SetAdmin
@@ -20,9 +23,9 @@ from app.engine import describe
 from app.engine.reindex import Busy
 from app.engine.rollback import rollback as roll_back
 from app.engine.runtime import Runtime, UnknownEncoder
-from app.engine.sets import DEFAULT_SET, SET_NAME, NoSuchSet, check_set_name
+from app.engine.sets import DEFAULT_SET, SET_NAME, BadSetName, NoSuchSet, check_set_name
 from app.engine.versions import previous_version
-from app.errors import COMMON, ApiError, ErrorKind, responses
+from app.errors import COMMON, ApiError, ErrorKind, error_response, responses
 from app.uploads import Mode, OnInvalid, parse_upload, upload_body
 
 ADMIN_ERRORS = (*COMMON, ErrorKind.unauthorized, ErrorKind.not_found, ErrorKind.conflict)
@@ -136,6 +139,66 @@ def _check_encoder(runtime: Runtime, encoder: str | None) -> None:
         raise UnknownEncoder(encoder, sorted(runtime.encoders))
 
 
+async def refuse_before_body(admin: Admin, name: str, delete: bool, encoder: str | None) -> None:
+    """What refuses an upload to set `name` without its body: an unknown encoder (404 naming
+    `encoder`), a set name that is not one (422), a delete from a set that does not exist (404
+    naming `set`), a set whose job holds its lock (409). Raised as the engine's exceptions."""
+    _check_encoder(admin.runtime, encoder)
+    check_set_name(name)
+    if name in admin.runtime.sets:
+        target = await anyio.to_thread.run_sync(admin.of, name)
+        holder = await anyio.to_thread.run_sync(target.reindexer.lock.holder)
+        if holder is not None:
+            raise Busy(f"reindex job {holder} is running")
+    elif delete:
+        raise NoSuchSet(name)
+
+
+# The upload routes: `name` absent for the default set's; `delete` on deletions.
+UPLOAD_ROUTE = re.compile(r"/admin/(?:sets/(?P<name>[^/]{1,64})/)?candidates(?P<delete>/delete)?")
+_REFUSALS: dict[type[Exception], ErrorKind] = {
+    UnknownEncoder: ErrorKind.not_found,
+    NoSuchSet: ErrorKind.not_found,
+    BadSetName: ErrorKind.validation,
+    Busy: ErrorKind.conflict,
+}
+
+
+class RefuseBeforeBody:
+    """ASGI middleware: answers `refuse_before_body`'s refusals of an upload before a byte of its body
+    is read. The route asks the same, but only once the body reader (`limits.BodySizeLimit`, which
+    reads a body whole before the app sees it) has read up to 32 MiB, or waited for a body that
+    never comes. Installed inside `limits.AdminGate`, so the token is checked first, and outside
+    the body reader. Anything it cannot tell (the service still loading, Redis away) it leaves to
+    the route."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        upload = (
+            UPLOAD_ROUTE.fullmatch(scope["path"])
+            if scope["type"] == "http" and scope["method"] in ("POST", "PUT")
+            else None
+        )
+        admin = getattr(scope["app"].state, "admin", None) if upload is not None else None
+        if upload is not None and admin is not None:
+            query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+            encoder = query.get("encoder", [None])[-1]
+            if encoder is not None and not re.fullmatch(ENCODER_NAME, encoder[:64]):
+                encoder = None  # not a name: the route's 422
+            try:
+                await refuse_before_body(admin, upload["name"] or DEFAULT_SET, bool(upload["delete"]), encoder)
+            except tuple(_REFUSALS) as refusal:
+                error = ApiError(_REFUSALS[type(refusal)], str(refusal), getattr(refusal, "field", None))
+                # The body stays unread: the connection closes after the answer.
+                await error_response(error, {"connection": "close"})(scope, receive, send)
+                return
+            except Exception:  # the route asks again, and answers with the error's own status
+                pass
+        await self.app(scope, receive, send)
+
+
 def _accepted(name: str, job_id: str, state: str, mode: str, records: int, skipped: int) -> dict[str, Any]:
     return {
         "job_id": job_id,
@@ -157,14 +220,9 @@ async def _submit(
     on_invalid: OnInvalid,
     encoder: str | None = None,
 ) -> dict[str, Any]:
-    _check_encoder(admin.runtime, encoder)  # before the body is read
-    target = await anyio.to_thread.run_sync(admin.of, name) if name in admin.runtime.sets else None
-    if target is not None:
-        holder = await anyio.to_thread.run_sync(target.reindexer.lock.holder)
-        if holder is not None:  # before the body is read and parsed: a refused upload costs nothing
-            raise Busy(f"reindex job {holder} is running")
-    elif mode == "delete":
-        raise NoSuchSet(name)
+    # Asked before the body is read (`RefuseBeforeBody` asks it before the body reader does), and
+    # again here: a job may have started since.
+    await refuse_before_body(admin, name, mode == "delete", encoder)
     body = await request.body()
     content_type = request.headers.get("content-type", "")
     parsed = await anyio.to_thread.run_sync(
