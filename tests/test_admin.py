@@ -70,6 +70,7 @@ ADMIN_CALLS = [
 async def test_admin_is_disabled_without_a_configured_token(
     client: httpx.AsyncClient, method: str, path: str, body: Any
 ) -> None:
+    """operations.md, Admin: disabled unless CHITCHAT_ADMIN_TOKEN is set."""
     response = await client.request(method, path, json=body, headers=AUTH)
     assert response.status_code == 401
     assert response.json()["error"]["kind"] == "unauthorized"
@@ -80,12 +81,15 @@ async def test_admin_is_disabled_without_a_configured_token(
 async def test_every_admin_route_needs_the_token(
     admin_client: httpx.AsyncClient, method: str, path: str, body: Any, header: dict[str, str]
 ) -> None:
+    """operations.md, Admin: every admin route needs `Authorization: Bearer <token>` (401 `unauthorized`)."""
     response = await admin_client.request(method, path, json=body, headers=header)
     assert response.status_code == 401
     assert response.json()["error"]["field"] == "authorization"
 
 
 async def test_append_reindexes_and_the_new_candidate_answers(admin_client: httpx.AsyncClient) -> None:
+    """operations.md, Admin: an upload is 202 with a job; the new version is built to the side,
+    swapped in, and `GET /admin/index` names it and the one before."""
     before = await version_of(admin_client)
     job = await upload(admin_client, [{"query": "do you like tacos?", "reply": "tacos are life", "id": "taco-1"}])
     assert job["state"] == "succeeded", job
@@ -117,6 +121,8 @@ async def test_a_reindex_loads_no_tokenizer_of_its_own(
 
 
 async def test_ndjson_delete_and_replace(admin_client: httpx.AsyncClient) -> None:
+    """operations.md, Bring your own replies: NDJSON; `append` adds or replaces by id, `replace`
+    swaps the whole set, `delete` removes the ids listed."""
     lines = b'{"reply": "bananas!", "query": "favourite fruit?", "id": "fruit"}\n\n{"reply": "kiwi", "id": "k"}\n'
     response = await admin_client.post(
         "/admin/candidates", content=lines, headers={**AUTH, "content-type": "application/x-ndjson"}
@@ -167,6 +173,8 @@ BAD_UPLOADS: list[tuple[str, bytes, str, int, str]] = [
 async def test_bad_uploads_name_the_line_and_leave_the_old_version_serving(
     admin_client: httpx.AsyncClient, case: str, body: bytes, content_type: str, status: int, field: str
 ) -> None:
+    """operations.md, Bring your own replies: by default one invalid record refuses the whole upload
+    and names it (`line 326.reply`); the version before keeps serving."""
     before = await version_of(admin_client)
     response = await admin_client.post(
         "/admin/candidates", content=body, headers={**AUTH, "content-type": content_type}
@@ -177,12 +185,22 @@ async def test_bad_uploads_name_the_line_and_leave_the_old_version_serving(
 
 
 async def test_oversize_uploads_and_record_counts_are_refused(make_client: AppFactory, own_artifacts: Path) -> None:
+    """operations.md, Configuration and Errors and limits: an upload body past
+    CHITCHAT_ADMIN_MAX_BODY_BYTES is 413 `payload_too_large` naming `body`, a chunked one (no length)
+    included; past CHITCHAT_ADMIN_MAX_RECORDS records, 413 naming `records`. Nothing changes."""
+
+    async def chunked() -> AsyncIterator[bytes]:
+        for _ in range(3):
+            yield b'[{"reply": "' + b"x" * 900 + b'"},'
+
     async with make_client(
         artifacts_dir=own_artifacts, admin_token=TOKEN, admin_max_body_bytes=2048, admin_max_records=3
     ) as client:
         before = await version_of(client)
         big = await client.post("/admin/candidates", json=[{"reply": "x" * 900}] * 3, headers=AUTH)
         assert big.status_code == 413 and big.json()["error"]["kind"] == "payload_too_large"
+        unsized = await client.post("/admin/candidates", content=chunked(), headers=AUTH)
+        assert unsized.status_code == 413 and unsized.json()["error"]["field"] == "body", unsized.text
         many = await client.post("/admin/candidates", json=[{"reply": "x"}] * 4, headers=AUTH)
         assert many.status_code == 413 and many.json()["error"]["field"] == "records"
         assert await version_of(client) == before
@@ -200,6 +218,8 @@ async def test_delete_everything_is_refused_and_nothing_changes(admin_client: ht
 async def test_a_second_reindex_while_one_runs_is_409(
     make_client: AppFactory, own_artifacts: Path, clean_redis: redis.Redis
 ) -> None:
+    """operations.md, Errors and limits: `conflict` 409 while a reindex or rollback runs, on any
+    replica (Scale-out: the lock is in Redis)."""
     async with make_client(artifacts_dir=own_artifacts, admin_token=TOKEN, redis_url=REDIS_URL) as client:
         assert RedisLock(clean_redis).acquire("another-replica")  # as if another replica were reindexing
         response = await client.post("/admin/candidates", json=[{"reply": "x"}], headers=AUTH)
@@ -236,6 +256,8 @@ async def test_a_store_from_before_the_history_rolls_back_its_first_upload(
 
 
 async def test_rollback_serves_the_previous_version(admin_client: httpx.AsyncClient) -> None:
+    """operations.md, Admin: `POST /admin/rollback` serves the previous version, and the candidate
+    store goes back with it; with nothing older, 409."""
     first = await version_of(admin_client)
     job = await upload(admin_client, [{"reply": "new!", "query": "what's new?"}])
     response = await admin_client.post("/admin/rollback", headers=AUTH)
@@ -260,6 +282,8 @@ async def test_rollback_serves_the_previous_version(admin_client: httpx.AsyncCli
 async def test_a_crash_mid_build_leaves_the_current_version_and_fails_the_job(
     make_client: AppFactory, own_artifacts: Path
 ) -> None:
+    """operations.md, Admin: a crash mid-build leaves the current version serving; the job is marked
+    failed by the next start. Scale-out: staging directories whose process is gone are removed."""
     store = IndexStore(own_artifacts / "indexes")
     serving = store.current()
     staging = store.stage()  # what a build that died halfway leaves behind ...
@@ -298,6 +322,8 @@ async def test_a_deeply_nested_upload_is_a_422_naming_the_line(admin_client: htt
 
 
 async def test_reindex_under_load_never_errors_and_each_reply_has_one_version(admin_client: httpx.AsyncClient) -> None:
+    """operations.md, Admin: zero-downtime swap; requests in flight finish on the version they
+    started with."""
     old = await version_of(admin_client)
     seen: list[tuple[str, str]] = []
     errors: list[str] = []
@@ -348,6 +374,8 @@ async def test_two_replicas_converge_on_the_new_version(
 
 
 async def test_skip_indexes_the_valid_records_and_reports_the_rest(admin_client: httpx.AsyncClient) -> None:
+    """operations.md, Bring your own replies: `on_invalid=skip` indexes the valid records and reports
+    each skipped one (line, field, reason)."""
     lines = [
         {"query": "what is your favourite tree?", "reply": "an old oak, no question", "id": "oak"},
         {"reply": "x" * 1001, "id": "too-long"},  # never truncated: skipped and reported
@@ -379,6 +407,8 @@ async def test_skip_indexes_the_valid_records_and_reports_the_rest(admin_client:
 
 
 async def test_csv_uploads_and_duplicate_ids_resolve_to_the_last_record(admin_client: httpx.AsyncClient) -> None:
+    """operations.md, Bring your own replies: CSV with a header; the same id twice keeps the last
+    record, reported with its rule."""
     body = (
         b"query,reply,id\n"
         b'"so, do you like spicy food?","yes, the hotter the better",spicy\n'
@@ -437,6 +467,8 @@ async def test_a_deployment_without_an_index_serves_after_its_first_upload(
     make_client: AppFactory, artifacts: Path, tmp_path: Path
 ) -> None:
     # The model only: no index version yet, as a deployment that brings its own candidates starts.
+    """operations.md, Bring your own replies: without an index `/readyz` is 503, and the first upload
+    builds the first version."""
     async with make_client(artifacts_dir=tmp_path / "fresh", admin_token=TOKEN) as client:
         ready = await client.get("/readyz")
         assert ready.status_code == 503 and "upload candidates" in ready.json()["problem"]
@@ -459,6 +491,8 @@ async def test_the_job_list_needs_the_token(admin_client: httpx.AsyncClient, hea
 async def test_the_job_list_is_newest_first_and_each_job_reads_as_its_own_route(
     make_client: AppFactory, own_artifacts: Path, clean_redis: redis.Redis, backend: str
 ) -> None:
+    """operations.md, Admin: `GET /admin/jobs`, `GET /admin/jobs/{id}`: state, stage, progress,
+    counts, newest first."""
     import time
 
     from app.engine.jobs import JobStore, RedisJobStore
@@ -491,6 +525,8 @@ async def test_an_upload_shows_in_the_job_list(admin_client: httpx.AsyncClient) 
 async def test_a_job_whose_lock_expired_is_failed_and_uploads_are_taken(
     make_client: AppFactory, own_artifacts: Path, clean_redis: redis.Redis
 ) -> None:
+    """operations.md, Admin: a job whose process died is marked failed once its lock has expired, by
+    the next upload or job listing, and uploads are taken again."""
     from app.engine.jobs import LOCK_KEY, RedisJobStore
 
     job = Job.new("append")  # this host's, as another process's would be
@@ -747,3 +783,43 @@ async def test_what_needs_no_body_is_answered_before_the_body_is_read(
         holding.release()
     assert response.status_code == status, response.text
     assert response.json()["error"]["field"] == field
+
+
+async def test_a_failed_store_write_after_the_swap_fails_no_job_and_the_next_builds_on_the_version(
+    admin_client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """operations.md, Admin and After a fault (the store write fails after a swap): telling the
+    replicas, pruning and writing the store come after the swap; the job reports each in
+    `report.after_swap`, and a failure there does not fail a job whose version already serves. The
+    next job reads the version's own records, since the store says it is another version."""
+    from index.candidates import FileCandidateStore
+
+    real = FileCandidateStore.replace
+    failures = iter([OSError(28, "No space left on device")])
+
+    def full_once(self: FileCandidateStore, candidates: Any, version: str) -> None:
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        real(self, candidates, version)
+
+    monkeypatch.setattr(FileCandidateStore, "replace", full_once)
+    job = await upload(admin_client, [{"reply": "served though unstored", "id": "unstored"}])
+    assert job["state"] == "succeeded" and await version_of(admin_client) == job["version"]
+    assert job["report"]["after_swap"]["store"].startswith("failed: OSError")
+    assert job["report"]["after_swap"]["publish"] == job["report"]["after_swap"]["prune"] == "done"
+    after = await upload(admin_client, [{"reply": "and one more", "id": "more"}])
+    assert after["state"] == "succeeded"
+    assert after["counts"]["candidates_after"] == job["counts"]["candidates_after"] + 1  # "unstored" kept
+
+
+async def test_the_last_three_versions_are_kept_for_rollback(
+    admin_client: httpx.AsyncClient, own_artifacts: Path
+) -> None:
+    """operations.md, Admin: the last three versions are kept for rollback; older ones are pruned."""
+    versions = [await version_of(admin_client)]
+    for n in range(4):
+        versions.append((await upload(admin_client, [{"reply": f"reply {n}", "id": f"r{n}"}]))["version"])
+    assert IndexStore(own_artifacts / "indexes").versions() == versions[-3:]
+    rolled = (await admin_client.post("/admin/rollback", headers=AUTH)).json()
+    assert (rolled["from"], rolled["to"]) == (versions[-1], versions[-2])

@@ -77,6 +77,15 @@ def test_skipped_records_name_their_line_as_a_number(
     assert [(r["line"], r["field"]) for r in upload.skipped] == expected
 
 
+def test_a_records_object_is_its_array_and_a_skip_reports_the_first_hundred() -> None:
+    """operations.md, Bring your own replies: a file is a JSON array or `{"records": [...]}`;
+    `--on-invalid skip` reports each skipped record (line, field, reason; the first 100)."""
+    body = json.dumps({"records": [{"reply": ""}] * 150 + [{"reply": "ok"}]}).encode()
+    upload = parse(body, "application/json", on_invalid="skip")
+    assert [c.reply for c in upload.records] == ["ok"] and upload.skipped_count == 150
+    assert len(upload.skipped) == 100 and upload.skipped[-1]["field"] == "record 100.reply"
+
+
 def test_json_records_are_numbered_by_position() -> None:
     body = json.dumps([{"reply": "ok"}, {"reply": ""}, {"reply": "fine"}]).encode()
     upload = parse(body, "application/json", on_invalid="skip")
