@@ -92,6 +92,15 @@ class Settings(BaseSettings):
     # request queues behind the others, and under chaos scenario 6's flood (Intel Xeon, 2 cores)
     # the slowest waited 2.5-3.8 s at 32, 4.1-5.4 s at 64 (its bar: none over 5 s).
     max_in_flight: int = Field(default=32, ge=1)
+    # A request body (but an admin route's) must have arrived whole this long after the request
+    # began to be read, or the answer is 408 and the connection closes: a request is counted
+    # against max_in_flight only once its body is in, so without a deadline a slow body held a
+    # socket and its buffer for good. docker/nginx.conf's client_body_timeout is the same figure.
+    body_read_timeout_s: float = Field(default=10.0, gt=0.0, le=600.0)
+    # Request bodies (but admin ones, which admin_max_bodies_in_flight bounds) being read at once;
+    # past it a request is 429, its body unread. Bounds what slow clients hold: each at most its
+    # route's limit (1.5 MB for /similar) for at most body_read_timeout_s.
+    max_bodies_reading: int = Field(default=128, ge=1, le=100_000)
     # Encoder batches: at most this many tokens, and an idle server waits at most
     # this long for other requests to join (`bench.load` measures the trade).
     batch_max_tokens: int = Field(default=4096, ge=64)

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 class ErrorKind(StrEnum):
     validation = "validation_error"
     payload_too_large = "payload_too_large"
+    request_timeout = "request_timeout"  # 408: the body did not arrive within its deadline
     unauthorized = "unauthorized"
     not_found = "not_found"
     no_candidate = "no_candidate"  # 404: nothing in the candidate set may answer this request
@@ -46,6 +47,7 @@ class ErrorKind(StrEnum):
 STATUS = {
     ErrorKind.validation: 422,
     ErrorKind.payload_too_large: 413,
+    ErrorKind.request_timeout: 408,
     ErrorKind.unauthorized: 401,
     ErrorKind.not_found: 404,
     ErrorKind.no_candidate: 404,

@@ -1,14 +1,22 @@
-"""Limits enforced before a request's body is parsed: its size, how many
-requests are in flight, and, on admin routes, the token and how many admin
-bodies are being read at once.
+"""Limits enforced before a request's body is parsed: its size, the time it
+may take to arrive and how many are being read at once, how many requests are
+in flight, and, on admin routes, the token and how many admin bodies are being
+read at once.
 
 Pure ASGI, so they cost a refused request almost nothing, and the size limit
 sees chunked uploads too: a missing or false Content-Length cannot smuggle a
 larger body past it.
+
+In order, outermost first (app/main.py): the admin gate, the body reader
+(size, deadline, readers at once), then admission. A request counts against
+the in-flight limit only once its body is in: counted before, 48 sockets that
+sent one byte of their bodies held all 32 slots, with no deadline, and every
+other /reply was 429 until they closed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Mapping
@@ -45,9 +53,12 @@ class AdmissionLimit:
     """Past `max_in_flight` requests on `paths`, a new one gets 429 at once.
 
     The encoder queue and the search pool refuse too, but only after the
-    request was read, parsed and validated: under a flood that work, on the
+    request was parsed and validated: under a flood that work, on the
     same event loop, is what delays every answer, refusals included (text-
-    embeddings-inference's `max_concurrent_requests` is the same check)."""
+    embeddings-inference's `max_concurrent_requests` is the same check).
+
+    It sits inside `BodySizeLimit`, so what it counts has its body in hand: a
+    client slow to send its body waits at the reader's deadline, not in a slot."""
 
     def __init__(self, app: ASGIApp, admission: Admission, paths: frozenset[str], max_drain_bytes: int) -> None:
         self.app = app
@@ -81,7 +92,17 @@ class AdmissionLimit:
             admission.in_flight -= 1
 
 
+class _TooLarge(Exception):
+    pass
+
+
 class BodySizeLimit:
+    """Reads a request's body whole before the app sees it: at most its path's limit (413 past it),
+    and, but on admin routes, within `deadline_s` of the first read (408 past it, the connection
+    closed) and at most `max_reading` bodies at once (429 past it, the body unread, the connection
+    closed). Admin bodies are bounded by `AdminGate` (a token first, a few at a time), and an upload
+    of 32 MiB may take longer than a chat message's deadline."""
+
     def __init__(
         self,
         app: ASGIApp,
@@ -89,15 +110,38 @@ class BodySizeLimit:
         bulk_bytes: int | None = None,
         bulk_paths: re.Pattern[str] | None = None,
         path_bytes: Mapping[str, int] | None = None,
+        deadline_s: float | None = None,
+        max_reading: int | None = None,
     ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.bulk_bytes = bulk_bytes or max_bytes  # the limit of paths that take bulk uploads
         self.bulk_paths = bulk_paths  # matched whole against the path
         self.path_bytes = dict(path_bytes or {})  # paths with a limit of their own (their schema's largest body)
+        self.deadline_s = deadline_s  # None: no deadline
+        self.max_reading = max_reading  # None: no bound
+        self.reading = 0  # bodies being read now, admin ones apart
+        self.timed_out = 0  # bodies answered 408
+        self.refused = 0  # bodies refused unread: `max_reading` were being read
 
     async def _reject(self, send: Send, limit: int) -> None:
         await _send_error(send, ApiError(ErrorKind.payload_too_large, f"request body exceeds {limit} bytes", "body"))
+
+    @staticmethod
+    async def _read(receive: Receive, limit: int) -> bytes | None:
+        """The whole body; None if the client left first. Raises _TooLarge past `limit`."""
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise _TooLarge
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
@@ -109,20 +153,32 @@ class BodySizeLimit:
         if declared is not None and declared.isdigit() and int(declared) > limit:
             await self._reject(send, limit)
             return
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                await self._reject(send, limit)
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
+        bounded = not _admin(scope["path"])
+        close = [(b"connection", b"close")]  # what is left of the body is never read
+        if bounded and self.max_reading is not None and self.reading >= self.max_reading:
+            self.refused += 1
+            busy = ApiError(ErrorKind.overloaded, f"{self.reading} request bodies already being read; retry shortly")
+            await _send_error(send, busy, [(b"retry-after", b"1"), *close])
+            return
+        deadline = self.deadline_s if bounded else None
+        if bounded:
+            self.reading += 1
+        try:
+            async with asyncio.timeout(deadline):
+                body = await self._read(receive, limit)
+        except _TooLarge:
+            await self._reject(send, limit)
+            return
+        except TimeoutError:
+            self.timed_out += 1
+            late = ApiError(ErrorKind.request_timeout, f"request body not received within {deadline:g} s", "body")
+            await _send_error(send, late, close)
+            return
+        finally:
+            if bounded:
+                self.reading -= 1
+        if body is None:
+            return
         replayed = False
 
         async def replay() -> Message:

@@ -78,19 +78,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(admin.router)
     app.include_router(demo.router)
     app.mount("/static", demo.static_files, name="static")
+    # Inside the body reader: a request counts against the in-flight limit once its body is in, so
+    # slow bodies wait out their deadline without holding a slot.
+    app.add_middleware(
+        AdmissionLimit, admission=app.state.admission, paths=ENCODER_ROUTES, max_drain_bytes=max(BODY_LIMITS.values())
+    )
     app.add_middleware(
         BodySizeLimit,
         max_bytes=settings.max_body_bytes,
         bulk_bytes=settings.admin_max_body_bytes,
         bulk_paths=UPLOAD_PATHS,
         path_bytes=BODY_LIMITS,
+        deadline_s=settings.body_read_timeout_s,
+        max_reading=settings.max_bodies_reading,
     )
     # Outside the size limit, which reads the body: an admin body is read only with the token, a few at a time.
     app.add_middleware(AdminGate, token=settings.admin_token, max_bodies=settings.admin_max_bodies_in_flight)
-    app.add_middleware(
-        AdmissionLimit, admission=app.state.admission, paths=ENCODER_ROUTES, max_drain_bytes=max(BODY_LIMITS.values())
-    )
-    # Outermost: it logs and counts 413s and 429s too.
+    # Outermost: it logs and counts 408s, 413s and 429s too.
     app.add_middleware(
         logs.RequestLog,
         enabled=settings.access_log,

@@ -21,6 +21,7 @@ from app.schemas import (
     MAX_TURN_CHARS,
     MAX_TURNS,
 )
+from tests.helpers import AppFactory
 
 pytestmark = pytest.mark.anyio
 
@@ -287,3 +288,63 @@ async def test_an_admin_body_is_read_only_with_the_token_and_a_few_at_a_time() -
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=disabled), base_url="http://t") as off:
             answer = await off.post("/admin/candidates", content=b"[]", headers=good)
             assert answer.status_code == 401 and "disabled" in answer.json()["error"]["message"]
+
+
+async def _one_byte_then_nothing(stop: asyncio.Event) -> AsyncIterator[bytes]:
+    """A body that sends its first byte and then nothing more, as a slow or idle client does."""
+    yield b"{"
+    await stop.wait()
+
+
+SLOW = {"content-type": "application/json", "content-length": "1000"}
+
+
+async def test_a_body_that_does_not_arrive_is_408_and_holds_no_in_flight_slot(make_client: AppFactory) -> None:
+    """More sockets than the in-flight limit, each sending one byte of its declared body, held every
+    slot with no deadline: every other /reply and /similar was 429 until they closed. A request is
+    counted once its body is in, and a body that has not arrived by the deadline is answered 408."""
+    stop = asyncio.Event()
+    async with make_client(max_in_flight=2, body_read_timeout_s=1.0) as client:
+        try:
+            slow = [
+                asyncio.create_task(client.post(path, content=_one_byte_then_nothing(stop), headers=SLOW))
+                for path in ("/reply", "/reply", "/similar", "/reply")
+            ]
+            await asyncio.sleep(0.2)  # every slow body is being read
+            app = client._transport.app  # type: ignore[attr-defined]
+            assert app.state.admission.in_flight == 0
+            answered = await asyncio.wait_for(client.post("/reply", json={"context": ["hi! how are you?"]}), 5)
+            assert answered.status_code == 200, answered.text
+            similar = await asyncio.wait_for(client.post("/similar", json={"pairs": [["hi", "hello"]]}), 5)
+            assert similar.status_code == 200, similar.text
+            timed_out = await asyncio.wait_for(asyncio.gather(*slow), 10)
+        finally:
+            stop.set()
+    for response in timed_out:
+        assert_error(response, 408, "request_timeout", "body")
+        assert response.headers["connection"] == "close"  # the rest of the body is never read
+
+
+async def test_past_the_bodies_being_read_bound_a_request_is_refused_unread(make_client: AppFactory) -> None:
+    """Slow readers cannot pile up without bound: past `max_bodies_reading` a body is refused at once,
+    unread (429, the connection closes), and a body that is in is still answered."""
+    stop = asyncio.Event()
+    async with make_client(max_bodies_reading=2, body_read_timeout_s=30.0) as client:
+        try:
+            slow = [
+                asyncio.create_task(client.post("/reply", content=_one_byte_then_nothing(stop), headers=SLOW))
+                for _ in range(2)
+            ]
+            await asyncio.sleep(0.2)
+            refused = await asyncio.wait_for(
+                client.post("/reply", content=_one_byte_then_nothing(stop), headers=SLOW), 5
+            )
+            assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+            assert refused.headers["connection"] == "close"
+            assert refused.json()["error"]["kind"] == "overloaded"
+        finally:
+            stop.set()
+        # Their bodies end unfinished: each is answered, none still counted.
+        await asyncio.wait_for(asyncio.gather(*slow), 10)
+        answered = await client.post("/reply", json={"context": ["hi! how are you?"]})
+        assert answered.status_code == 200, answered.text

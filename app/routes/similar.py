@@ -8,7 +8,7 @@ from app.engine import pipeline
 from app.errors import COMMON, ApiError, ErrorKind, responses
 from app.schemas import SimilarQuery, SimilarRequest, SimilarResponse
 
-router = APIRouter(tags=["similarity"], responses=responses(*COMMON, ErrorKind.not_found))
+router = APIRouter(tags=["similarity"], responses=responses(*COMMON, ErrorKind.request_timeout, ErrorKind.not_found))
 
 
 @router.post("/similar", response_model=SimilarResponse, response_model_exclude_none=True)
