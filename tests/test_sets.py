@@ -348,3 +348,13 @@ async def test_the_candidate_limit_counts_records_and_the_jobs_still_running(
         held.end("running")
         for job in (running, fits):
             assert (await wait_for(client, job.json()["job_id"]))["state"] == "succeeded"
+
+
+async def test_a_job_record_that_cannot_be_read_refuses_no_upload(make_client: AppFactory, own_artifacts: Path) -> None:
+    """The limits read every set's jobs to count the running ones: a broken job record of one set
+    is counted as no job running, not a 500 for every upload."""
+    jobs = own_artifacts / "sets" / "broken" / "jobs"
+    jobs.mkdir(parents=True)
+    (jobs / "deadbeef.json").write_text("{not json")
+    async with make_client(artifacts_dir=own_artifacts, admin_token=TOKEN) as client:
+        await upload_to(client, "english", ENGLISH)
