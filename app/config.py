@@ -39,6 +39,15 @@ class Settings(BaseSettings):
     # After a Redis failure that survived a reconnect, skip Redis for this long
     # instead of paying the timeout per call; then try it again.
     redis_retry_after_s: float = Field(default=2.0, ge=0.1, le=600)
+    # Connections each Redis client's pool opens at most. With all in use, a call waits up to
+    # redis_pool_wait_ms for one to come back: a busy pool is not a dead Redis, and is never
+    # bypassed. Past the wait a cache call is a miss, and a session turn is 429, not stored.
+    redis_max_connections: int = Field(default=100, ge=1, le=10_000)
+    redis_pool_wait_ms: int = Field(default=1000, ge=1, le=60_000)
+    # /readyz pings Redis at most this often, one ping at a time; the calls in between (a load
+    # balancer's probes, or a flood of them) get the last answer. 0: every call waits for a ping
+    # of its own, still one at a time.
+    readyz_redis_cache_s: float = Field(default=1.0, ge=0.0, le=60.0)
 
     session_ttl_s: int = Field(default=3600, ge=1)
     # Sessions the in-process store keeps without Redis; past it a new one is refused (429).

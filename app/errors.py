@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.admin import SetLimit
 from app.engine.batcher import Closed, Overloaded
+from app.engine.kv import RedisBusy
 from app.engine.pipeline import NoCandidates, Unsupported
 from app.engine.reindex import Busy
 from app.engine.runtime import UnknownEncoder
@@ -148,6 +149,7 @@ _ENGINE_KINDS: dict[type[Exception], ErrorKind] = {
     NotReady: ErrorKind.not_ready,
     Closed: ErrorKind.not_ready,  # shutting down: another replica can answer
     Overloaded: ErrorKind.overloaded,
+    RedisBusy: ErrorKind.overloaded,  # no pooled Redis connection came free: a session turn is refused, not lost
     NoCandidates: ErrorKind.no_candidate,
     Busy: ErrorKind.conflict,
     NoSuchSet: ErrorKind.not_found,

@@ -263,3 +263,75 @@ def test_a_candidate_store_write_leaves_no_staging_hash_behind(clean_redis: redi
         store.replace(records(fail=True), "v20990101T000000000000-bbbbbb")
     assert clean_redis.keys("set:t:candidates:staging:*") == []  # a failed write cleans up after itself
     assert store.count() == CHUNK * 2 + 5  # and the live records are as they were
+
+
+async def test_a_readyz_flood_pings_redis_once_at_a_time_and_finds_it_up(
+    make_client: AppFactory, clean_redis: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """400 sockets on /readyz for 20 s read a healthy Redis as down 49,086 times: every call pinged
+    it, outside the in-flight limit, until the pool ran out. Its status is now cached: one ping at a
+    time, at most one per `readyz_redis_cache_s`, its answer shared by every call meanwhile."""
+    pinging = most = pings = 0
+    real = kv_module.RedisKV.ping
+
+    async def slow_ping(self: kv_module.RedisKV) -> bool:
+        nonlocal pinging, most, pings
+        pings += 1
+        pinging += 1
+        most = max(most, pinging)
+        try:
+            await asyncio.sleep(0.05)  # a ping the others arrive during
+            return await real(self)
+        finally:
+            pinging -= 1
+
+    monkeypatch.setattr(kv_module.RedisKV, "ping", slow_ping)
+    async with make_client(redis_url=REDIS_URL, readyz_redis_cache_s=30.0) as client:
+        answers = await asyncio.gather(*(client.get("/readyz") for _ in range(200)))
+        session = await client.post("/reply", json={"session_id": "s-flood", "message": "good night"})
+    assert [a.json()["redis"] for a in answers] == ["up"] * 200
+    assert most == 1 and pings == 1, f"{pings} pings, {most} at once"
+    assert session.status_code == 200 and clean_redis.llen("session:s-flood") == 2
+
+
+async def test_a_busy_pool_is_waited_for_not_taken_for_a_dead_redis(
+    make_client: AppFactory, clean_redis: redis.Redis
+) -> None:
+    """With every pooled connection in use, the client raised "Too many connections"; the guard took
+    that for a dead Redis, bypassed it for 2 s, and session turns were answered 200 and not stored.
+    A busy pool is waited for (within `redis_pool_wait_ms`), and Redis stays up."""
+    async with make_client(redis_url=REDIS_URL, redis_pool_wait_ms=3000) as client:
+        runtime = client._transport.app.state.runtime  # type: ignore[attr-defined]
+        redis_client = runtime.kv.inner.client
+        size = redis_client.connection_pool.max_connections
+        # Every connection of the pool held by a blocking pop that returns in 0.4 s.
+        held = [asyncio.create_task(redis_client.blpop([f"nothing-{i}"], timeout=0.4)) for i in range(size)]
+        await asyncio.sleep(0.1)
+        turn = await client.post("/reply", json={"session_id": "s-busy", "message": "good night"})
+        await asyncio.gather(*held)
+        ready = (await client.get("/readyz")).json()
+        errors = runtime.kv.errors
+    assert turn.status_code == 200, turn.text
+    assert clean_redis.llen("session:s-busy") == 2  # the turn and its reply, stored
+    assert ready["redis"] == "up" and errors == 0
+
+
+async def test_a_session_turn_no_connection_came_free_for_is_429_and_redis_stays_up(
+    make_client: AppFactory, clean_redis: redis.Redis
+) -> None:
+    """Past the pool's wait the turn is refused (429, retry), not answered and silently dropped, and
+    Redis is not bypassed: the next turn, once a connection is free, is stored."""
+    async with make_client(redis_url=REDIS_URL, redis_max_connections=2, redis_pool_wait_ms=100) as client:
+        runtime = client._transport.app.state.runtime  # type: ignore[attr-defined]
+        redis_client = runtime.kv.inner.client
+        held = [asyncio.create_task(redis_client.blpop([f"nothing-{i}"], timeout=0.5)) for i in range(2)]
+        await asyncio.sleep(0.1)
+        refused = await client.post("/reply", json={"session_id": "s-full", "message": "good night"})
+        await asyncio.gather(*held)
+        stored_then = clean_redis.llen("session:s-full")
+        later = await client.post("/reply", json={"session_id": "s-full", "message": "good night"})
+        status, errors, busy = runtime.kv.status, runtime.kv.errors, runtime.kv.busy
+    assert refused.status_code == 429 and refused.headers["retry-after"] == "1", refused.text
+    assert refused.json()["error"]["kind"] == "overloaded" and stored_then == 0
+    assert later.status_code == 200 and clean_redis.llen("session:s-full") == 2
+    assert status == "up" and errors == 0 and busy == 1, refused.text

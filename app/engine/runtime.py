@@ -319,11 +319,18 @@ def build_runtime(settings: Settings) -> Runtime:
         settings.redis_retry_after_s,
         settings.session_local_entries,
         settings.session_local_mb << 20,
+        settings.redis_max_connections,
+        settings.redis_pool_wait_ms,
     )
     # A guard of its own: a cache Redis that is full or gone bypasses the cache, never the sessions.
     # Without Redis the cache is its in-process LRU alone, so the store's size does not matter.
     cache_kv = open_store(
-        settings.cache_redis_url or settings.redis_url, settings.redis_timeout_ms, settings.redis_retry_after_s, 1
+        settings.cache_redis_url or settings.redis_url,
+        settings.redis_timeout_ms,
+        settings.redis_retry_after_s,
+        1,
+        max_connections=settings.redis_max_connections,
+        pool_wait_ms=settings.redis_pool_wait_ms,
     )
     stages = Stages()
     runtime = Runtime(

@@ -26,12 +26,14 @@ async def livez() -> Health:
 @router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
 async def readyz(request: Request) -> JSONResponse:
     """Ready when the bundle and an index version of some set are loaded and the server is not
-    draining for a shutdown. Each set's version is listed; Redis is reported, not required."""
+    draining for a shutdown. Each set's version is listed; Redis is reported, not required: as last
+    pinged, at most `readyz_redis_cache_s` ago, or as a call since found it (down, bypassed)."""
     runtime: Runtime | None = request.app.state.runtime
     sets = runtime.sets if runtime is not None and runtime.model is not None else {}
     serving = next((s.serving for s in sets.values() if s.serving is not None), None)
-    if runtime is not None and runtime.kv.status != "disabled":
-        await runtime.kv.ping()
+    # Pinged at most once a readyz_redis_cache_s, one ping at a time: a flood of probes, outside the
+    # in-flight limit, once took every pooled connection, and the guard read that as Redis down.
+    redis = await runtime.kv.readiness(runtime.settings.readyz_redis_cache_s) if runtime is not None else "disabled"
     draining = bool(request.app.state.draining)
     problem: str | None
     if runtime is None:
@@ -49,7 +51,7 @@ async def readyz(request: Request) -> JSONResponse:
         bundle=serving.bundle.name if serving else None,
         index_version=default.serving.index_version if default and default.serving else None,
         sets={name: s.serving.index_version if s.serving else None for name, s in sets.items()},
-        redis=runtime.kv.status if runtime is not None else "disabled",
+        redis=redis,
         problem=problem,
     )
     return JSONResponse(body.model_dump(), status_code=200 if body.ready else 503)
