@@ -2,7 +2,7 @@
 
     python -m bench.chaos                      # every scenario -> reports/chaos.md, reports/chaos.json
     python -m bench.chaos --soak-minutes 10    # ... with the issue's 10-minute soak (about 20 minutes in all)
-    python -m bench.chaos --only 1,3,11,16,19,22,23,24,25,26 --quick --sample 2000 --out /tmp/chaos-quick  # CI
+    python -m bench.chaos --only 1,3,11,16,19,22,23,24,25,26,27,28 --quick --sample 2000 --out /tmp/chaos-quick  # CI
 
 Each scenario starts what it needs (a redis-server on a free port, the
 service on the release bundle and a private copy of its index, the load
@@ -17,6 +17,9 @@ runs one process, then three replicas.
 Scenarios 23-26 (bench/chaos/admission.py) are #49's: unauthenticated admin
 bodies and fresh exclude_ids beside load, a pointer write that fails (a
 failpoint, core/failpoints.py) and rollback, upload, rollback on three replicas.
+
+Scenarios 27-28 (bench/chaos/holding.py) hold the service without asking it for work:
+48 bodies that never arrive, and a /readyz flood, each beside load and session turns.
 
 Scenario 22 serves two sets, each with its own shipped encoder: it needs two
 bundles under the services' CHITCHAT_ENCODERS_DIR (default models/release/),
@@ -54,7 +57,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.chaos import admission, encoders, load_faults, redis_faults, reindex_faults, replicas, security, sessions
+from bench.chaos import (
+    admission,
+    encoders,
+    holding,
+    load_faults,
+    redis_faults,
+    reindex_faults,
+    replicas,
+    security,
+    sessions,
+)
 from bench.chaos.context import QUICK, Context, Durations
 from bench.chaos.harness import link_or_copy
 from core.bundle import RELEASE_BUNDLE, BundleManifest, open_bundle
@@ -184,6 +197,18 @@ SCENARIOS: dict[int, Scenario] = {
         "3 replicas under load: upload, rollback, upload, rollback",
         "the second rollback serves what served before the second upload, not the version rolled back from",
         admission.rollback_upload_rollback,
+    ),
+    27: (
+        "48 sockets each sending /reply's headers and one byte of its body, beside /reply load",
+        "the others all 200, 0 5xx, no session turn lost; each idle body 408 at the body deadline; "
+        "the others' p99 <= 2x their own alone",
+        holding.idle_bodies,
+    ),
+    28: (
+        "a 20 s /readyz flood from 400 sockets while a session sends 40 turns, beside /reply load",
+        "no /readyz says Redis down; all 40 turns 200 and stored, none lost elsewhere; 0 5xx; "
+        "the others' p99 <= 2x their own alone",
+        holding.readyz_flood,
     ),
 }
 
