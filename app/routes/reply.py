@@ -9,9 +9,12 @@ from app.errors import COMMON, ApiError, ErrorKind, responses
 from app.schemas import Candidate, ReplyRequest, ReplyResponse
 from core.retriever import STRATEGY_ORDER, Scored
 
+# request_timeout: the body did not arrive within its deadline (app/limits.py).
 # no_candidate: every candidate was excluded (the bot's recent replies in a session, echoes of the
 # user), or the request's filter admits none. not_found: no such set.
-router = APIRouter(tags=["reply"], responses=responses(*COMMON, ErrorKind.no_candidate, ErrorKind.not_found))
+router = APIRouter(
+    tags=["reply"], responses=responses(*COMMON, ErrorKind.request_timeout, ErrorKind.no_candidate, ErrorKind.not_found)
+)
 
 
 def _candidate(hit: Scored) -> Candidate:
