@@ -92,6 +92,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         deadline_s=settings.body_read_timeout_s,
         max_reading=settings.max_bodies_reading,
     )
+    # Between the token check and the body reader: an upload that names an unknown encoder, or whose
+    # set is busy, is refused before a byte of its body is read.
+    app.add_middleware(admin.RefuseBeforeBody)
     # Outside the size limit, which reads the body: an admin body is read only with the token, a few at a time.
     app.add_middleware(AdminGate, token=settings.admin_token, max_bodies=settings.admin_max_bodies_in_flight)
     # Outermost: it logs and counts 408s, 413s and 429s too.

@@ -754,9 +754,7 @@ async def _more_than_the_limit() -> AsyncIterator[bytes]:
         yield b" " * (1 << 20)
 
 
-# app/main.py (another change) installs app.routes.admin.RefuseBeforeBody between AdminGate and
-# BodySizeLimit; until it does, the body reader reads (or waits for) the whole body first.
-@pytest.mark.xfail(strict=True, reason="RefuseBeforeBody is not installed in app/main.py yet")
+# app/main.py installs app.routes.admin.RefuseBeforeBody between AdminGate and BodySizeLimit.
 @pytest.mark.parametrize("body", [_never_all_of_it, _more_than_the_limit], ids=["never-arrives", "huge"])
 @pytest.mark.parametrize(
     ("path", "status", "field"),
