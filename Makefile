@@ -234,7 +234,7 @@ chaos: install-dev index  ## faults, overload and hostile input -> reports/chaos
 # out-of-order turns, wrong versions); latency figures are printed beside their bars (`make chaos` keeps them).
 .PHONY: chaos-quick
 chaos-quick: install-dev  ## the CI subset of make chaos -> /tmp/chaos-quick/chaos.{md,json}
-	$(PY) -m bench.chaos --only 1,3,11,16,19,22,23,24,25,26,27,28 --quick --sample 2000 --correctness-only --out /tmp/chaos-quick
+	$(PY) -m bench.chaos --only 1,3,11,16,19,22,23,24,25,26,27,28,29 --quick --sample 2000 --correctness-only --out /tmp/chaos-quick
 
 bench-reindex: index  ## live reindex of ~100k candidates: duration and /reply p99 during it (needs Redis)
 	$(PY) -m bench.reindex

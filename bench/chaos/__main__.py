@@ -2,7 +2,7 @@
 
     python -m bench.chaos                      # every scenario -> reports/chaos.md, reports/chaos.json
     python -m bench.chaos --soak-minutes 10    # ... with the issue's 10-minute soak (about 20 minutes in all)
-    python -m bench.chaos --only 1,3,11,16,19,22,23,24,25,26,27,28 --quick --sample 2000 --out /tmp/chaos-quick  # CI
+    python -m bench.chaos --only 1,3,11,16,19,22,23,24,25,26,27,28,29 --quick --sample 2000 --out /tmp/chaos-quick  # CI
 
 Each scenario starts what it needs (a redis-server on a free port, the
 service on the release bundle and a private copy of its index, the load
@@ -20,6 +20,10 @@ failpoint, core/failpoints.py) and rollback, upload, rollback on three replicas.
 
 Scenarios 27-28 (bench/chaos/holding.py) hold the service without asking it for work:
 48 bodies that never arrive, and a /readyz flood, each beside load and session turns.
+
+Scenario 29 (bench/chaos/session_flood.py) floods new anonymous session ids
+against a state Redis run with docker-compose.yml's settings, and reindexes
+once the sessions are at their bound (so it serves the sample).
 
 Scenario 22 serves two sets, each with its own shipped encoder: it needs two
 bundles under the services' CHITCHAT_ENCODERS_DIR (default models/release/),
@@ -66,6 +70,7 @@ from bench.chaos import (
     reindex_faults,
     replicas,
     security,
+    session_flood,
     sessions,
 )
 from bench.chaos.context import QUICK, Context, Durations
@@ -74,7 +79,7 @@ from core.bundle import RELEASE_BUNDLE, BundleManifest, open_bundle
 
 Scenario = tuple[str, str, Callable[[Context], dict[str, Any]]]
 # These reindex: they serve the sampled index (see the docstring).
-ON_SAMPLE = frozenset({3, 4, 8, 15, 16, 17, 18, 20, 22, 24, 25, 26})
+ON_SAMPLE = frozenset({3, 4, 8, 15, 16, 17, 18, 20, 22, 24, 25, 26, 29})
 SCENARIOS: dict[int, Scenario] = {
     1: (
         "Redis kill -9 under mixed load, restarted later",
@@ -209,6 +214,14 @@ SCENARIOS: dict[int, Scenario] = {
         "no /readyz says Redis down; all 40 turns 200 and stored, none lost elsewhere; 0 5xx; "
         "the others' p99 <= 2x their own alone",
         holding.readyz_flood,
+    ),
+    29: (
+        "4 clients opening a new session with a 1,000-character Korean turn on every request, "
+        "against compose's state Redis settings, beside /reply load and sessions under way",
+        "0 5xx; new sessions 429 past CHITCHAT_SESSION_MAX_COUNT; the sessions under way never refused, 0 lost; "
+        "admin and a reindex job work; the default bounds within half of compose's maxmemory; "
+        "the others' p99 <= 1.5x theirs beside the same turns storing nothing (as contexts, then 422)",
+        session_flood.new_session_flood,
     ),
 }
 

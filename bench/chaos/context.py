@@ -22,6 +22,8 @@ from bench.chaos.harness import RedisServer, Service, chaos_artifacts
 # every one can be checked; `check_sessions` still tells trimmed from lost.
 SESSION_ENTRIES = 100
 SESSION_TURNS = 45
+# ... and bytes of them (the setting's maximum), so that no long turn trims one the check must see.
+SESSION_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,11 @@ class Context:
         return Service(
             self.artifacts(name, sampled),
             redis.url if redis else None,
-            {"CHITCHAT_SESSION_MAX_TURNS": str(SESSION_ENTRIES), **env},
+            {
+                "CHITCHAT_SESSION_MAX_TURNS": str(SESSION_ENTRIES),
+                "CHITCHAT_SESSION_MAX_BYTES": str(SESSION_BYTES),
+                **env,
+            },
         )
 
     @contextmanager
@@ -139,7 +145,11 @@ class Context:
         """`count` services on one Redis and one artifacts folder, as replicas behind a load balancer
         are, each on a port of its own; started together, stopped and removed afterwards."""
         artifacts = self.artifacts(name, sampled)
-        settings = {"CHITCHAT_SESSION_MAX_TURNS": str(SESSION_ENTRIES), **env}
+        settings = {
+            "CHITCHAT_SESSION_MAX_TURNS": str(SESSION_ENTRIES),
+            "CHITCHAT_SESSION_MAX_BYTES": str(SESSION_BYTES),
+            **env,
+        }
         services = [Service(artifacts, redis.url, dict(settings)) for _ in range(count)]
         try:
             for service in services:
