@@ -124,3 +124,18 @@ async def test_the_session_index_counts_each_stored_session_once(
             await say(client, f"s-{i % 4}", "hi! how are you?")
     assert clean_redis.zcard(INDEX_KEY) == 4
     assert sorted(k.decode() for k in clean_redis.scan_iter("session:*")) == [f"session:s-{i}" for i in range(4)]
+
+
+async def test_the_in_process_store_takes_no_new_session_once_its_sessions_fill_its_bytes() -> None:
+    """Without Redis, CHITCHAT_SESSION_LOCAL_MB bounds what the sessions hold: past it a new one is
+    refused, and the sessions stored go on."""
+    from app.engine.sessions import LocalSessions, SessionBounds
+
+    store = LocalSessions(SessionBounds(max_turns=10, ttl_s=60, max_sessions=100, max_bytes=16_384, local_bytes=10_000))
+    turn = encode(SessionTurn("user", korean(990)))  # ~3 kB
+    assert [await store.append(f"session:s-{i}", 0, [turn]) for i in range(4)] == [1, 1, 1, 1]
+    assert store.held >= 10_000 and len(store) == 4
+    assert await store.read("session:s-new") == ([], 0, False)
+    assert await store.append("session:s-new", 0, [turn]) == -1
+    assert await store.append("session:s-0", 1, [turn]) == 1  # a stored session goes on
+    assert len((await store.read("session:s-0"))[0]) == 2
