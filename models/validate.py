@@ -41,3 +41,29 @@ def validate(
         )
     context, reply = torch.cat(contexts), torch.cat(replies)  # [N, D] each
     return {"r_at_1": round(float((ranks(context.numpy(), reply.numpy(), data.negatives) == 1).mean()), 4)}
+
+
+@torch.inference_mode()
+def encode(model: DualEncoder, tok: Tokenise, texts: list[str], side: str) -> torch.Tensor:
+    """[N, D] unit vectors of one side, in chunks, on the model's device."""
+    device = next(model.parameters()).device
+    batches = tok.contexts if side == "context" else tok.replies
+    run = model.encode_context if side == "context" else model.encode_reply
+    return torch.cat(
+        [run(*(t.to(device) for t in batches(texts[i : i + CHUNK]))).float() for i in range(0, len(texts), CHUNK)]
+    )
+
+
+def dev_half_a(
+    model: DualEncoder, tok: Tokenise, sets: dict[str, dict[str, list]], prefixes: tuple[str, str]
+) -> dict[str, float]:
+    """R@1 over every distinct reply of each human dev set, on its half A (models/e5_pack.py):
+    what a choice between variants is made on. The served figure comes through the live API."""
+    model.eval()
+    result = {}
+    for name, data in sets.items():
+        contexts = encode(model, tok, [prefixes[0] + c for c in data["contexts"]], "context")  # [C, D]
+        replies = encode(model, tok, [prefixes[1] + r for r in data["replies"]], "reply")  # [N, D]
+        top = (contexts @ replies.T).argmax(dim=1).tolist()  # [C]
+        result[name] = round(sum(t in gold for t, gold in zip(top, data["gold"], strict=True)) / len(top), 4)
+    return result
