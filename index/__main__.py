@@ -12,8 +12,11 @@ The library it calls is `index.build`; `make index` and the Docker image run thi
 from __future__ import annotations
 
 import argparse
+import logging
+import sys
 import time
 from pathlib import Path
+from typing import TextIO
 
 from core.bundle import RELEASE_BUNDLE, open_bundle
 from core.encoder import Encoder
@@ -22,6 +25,22 @@ from core.text import normalize
 from index.build import DEFAULT_SOURCE, ENGLISH_SOURCE, build_version, default_candidates
 from index.encode_cache import EncodeCache
 from index.first_slice import SLICE_REPLIES, Owed, first_slice, owe, owed, settle
+
+
+class _Lines(logging.StreamHandler[TextIO]):
+    """The build's log records (`index.build`) as `[index] ...` lines on stderr, beside this command's own
+    lines; the service logs the same records as JSON through its own handler."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+        self.setFormatter(logging.Formatter("[index] %(message)s"))
+
+
+def _log_to_stderr() -> None:
+    logger = logging.getLogger("index")
+    if not any(isinstance(h, _Lines) for h in logger.handlers):
+        logger.addHandler(_Lines())
+    logger.setLevel(logging.INFO)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -46,6 +65,7 @@ def main(argv: list[str] | None = None) -> None:
         "to the service, which builds it in the background and swaps it in",
     )
     args = parser.parse_args(argv)
+    _log_to_stderr()
     bundle_dir = args.bundle
     bundle = open_bundle(bundle_dir)
     store = IndexStore(args.artifacts / "indexes")

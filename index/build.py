@@ -12,6 +12,7 @@ half the build.
 from __future__ import annotations
 
 import hashlib
+import logging
 import shutil
 import sys
 import time
@@ -31,6 +32,8 @@ from core.store import QUERY_INDEX, REACTION_INDEX, REPLY_INDEX, IndexManifest, 
 from core.text import normalize
 from index.confidence import quantiles, sampled, stored_reply_confidences
 from index.encode_cache import EncodeCache
+
+log = logging.getLogger(__name__)
 
 SELF_RETRIEVAL_SAMPLE = 200
 # A stored reply must find itself. A broken index (misaligned rows, wrong
@@ -270,7 +273,7 @@ def build_version(
     if cache:
         cache.forget(chunks)
     if from_cache:
-        print(f"[index] {from_cache} texts from chunks an interrupted build had encoded", file=sys.stderr)
+        log.info("%d texts from chunks an interrupted build had encoded", from_cache)
     return manifest
 
 
