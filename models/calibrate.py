@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from app.config import Settings
-from app.engine.runtime import load_serving
+from app.engine.runtime import load_newest_serving
 from core.bundle import Thresholds, open_bundle, update_manifest
 from core.confidence import ConfidenceModel
 from core.encoder import Encoder
@@ -105,7 +105,7 @@ def calibrate(
     """Fits and writes the thresholds and the confidence model of `bundle_dir`."""
     started = time.perf_counter()
     settings = Settings(artifacts_dir=artifacts, bundle_dir=bundle_dir)
-    serving = load_serving(settings, IndexStore(settings.indexes_root))
+    serving = load_newest_serving(settings, IndexStore(settings.indexes_root))
     data = eval_set(examples, seed, "validation", data_path)
     judge = Encoder(judge_dir, open_bundle(judge_dir))
     features = replay(serving, judge, data.contexts, data.replies, settings.rerank_depth, settings.rerank_by_default)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from app.config import Settings
-from app.engine.runtime import NotReady, load_serving
+from app.engine.runtime import NotReady, load_newest_serving
 from core.bundle import RELEASE_BUNDLE, list_bundles, open_bundle, update_manifest
 from core.encoder import Encoder
 from core.store import IndexStore
@@ -58,7 +58,7 @@ def served_report(
     """The walk on test turns with the bundle's own thresholds, and what its confidence finds."""
     settings = Settings(artifacts_dir=artifacts, bundle_dir=bundle_dir)
     try:
-        serving = load_serving(settings, IndexStore(settings.indexes_root))
+        serving = load_newest_serving(settings, IndexStore(settings.indexes_root))
     except (NotReady, FileNotFoundError, ValueError) as error:
         print(f"[eval] no walk figures for {bundle_dir}: {error}")
         return None

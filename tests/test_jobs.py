@@ -213,11 +213,11 @@ async def test_a_reindex_that_loses_its_lock_while_the_new_version_loads_never_s
     make_client: AppFactory, own_artifacts: Path, clean_redis: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """operations.md, Scale-out: one reindex or rollback at a time, and only the lock's holder swaps.
-    The lock was checked before `serve_version`, which takes seconds on a large set: a job whose lock
+    The lock was checked before `load_version`, which takes seconds on a large set: a job whose lock
     another replica took meanwhile swapped anyway. It is checked after, as a rollback does."""
     from app.engine.runtime import Runtime
 
-    real = Runtime.serve_version
+    real = Runtime.load_version
 
     def taken_over_meanwhile(self: Runtime, candidates: Any, version: str) -> Any:
         served = real(self, candidates, version)
@@ -226,7 +226,7 @@ async def test_a_reindex_that_loses_its_lock_while_the_new_version_loads_never_s
 
     async with make_client(artifacts_dir=own_artifacts, admin_token=TOKEN, redis_url=REDIS_URL) as client:
         before = (await client.get("/readyz")).json()["index_version"]
-        monkeypatch.setattr(Runtime, "serve_version", taken_over_meanwhile)
+        monkeypatch.setattr(Runtime, "load_version", taken_over_meanwhile)
         response = await client.post("/admin/candidates", json=[{"reply": "not served", "id": "x"}], headers=AUTH)
         job = await wait_for(client, response.json()["job_id"])
         assert job["state"] == "failed" and "lost the reindex lock" in job["error"], job

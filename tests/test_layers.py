@@ -10,12 +10,12 @@
 
 The public entry points of app, the only names models may import from it:
 
-    app.main.create_app              the service as an ASGI app
-    app.config.Settings              the service's one settings class
-    app.client                       the typed HTTP client (its package namespace, not its submodules)
-    app.engine.runtime.load_serving  one call from Settings to the loaded (bundle, index) snapshot
-                                     that the retrieval strategies in core run on, as served;
-                                     with NotReady, what it raises when no index fits the bundle
+    app.main.create_app                      the service as an ASGI app
+    app.config.Settings                      the service's one settings class
+    app.client                               the typed HTTP client (its package namespace, not its submodules)
+    app.engine.runtime.load_newest_serving   one call from Settings to the loaded (bundle, index) snapshot
+                                             that the retrieval strategies in core run on, as served;
+                                             with NotReady, what it raises when no index fits the bundle
 
 Everything else under app is the service's internals and may change without telling models.
 Neither the service nor the index build ever loads torch.
@@ -42,7 +42,7 @@ PUBLIC: dict[str, frozenset[str]] = {
     "app.main": frozenset({"create_app"}),
     "app.config": frozenset({"Settings"}),
     "app.client": ANY,
-    "app.engine.runtime": frozenset({"load_serving", "NotReady"}),
+    "app.engine.runtime": frozenset({"load_newest_serving", "NotReady"}),
 }
 
 
@@ -131,7 +131,7 @@ def test_the_rules_see_every_kind_of_import(tmp_path: Path) -> None:
     assert not _public("app.engine", "runtime")
     assert not _public("app.client._sync", "ChitchatClient")
     assert not _public("app.config", None)
-    assert _public("app.client", "ChitchatClient") and _public("app.engine.runtime", "load_serving")
+    assert _public("app.client", "ChitchatClient") and _public("app.engine.runtime", "load_newest_serving")
 
 
 @pytest.mark.parametrize("module", ["app.main", "index.build", "index.__main__", "core.retriever"])

@@ -35,7 +35,7 @@ def test_a_version_the_pointer_left_while_it_loaded_is_not_swapped_in(runtime: R
     store = default.store
     serving = runtime.current().index_version
     copy_version(store, serving, LATER)
-    loaded = runtime.serve_version(default, LATER)
+    loaded = runtime.load_version(default, LATER)
     assert default.behind() is None  # the pointer names what serves
     assert not default.swap_if_pointed(loaded, "test")  # ... not what was loaded
     assert runtime.current().index_version == serving
@@ -50,7 +50,7 @@ def test_another_models_version_is_refused_before_its_files_are_read(runtime: Ru
     copy_version(store, runtime.current().index_version, LATER, bundle_checksum="0" * 64)
     (store.path(LATER) / REPLY_INDEX).unlink()  # read first, this would raise FileNotFoundError instead
     with pytest.raises(ValueError, match="another model"):
-        runtime.serve_version(runtime.default, LATER)
+        runtime.load_version(runtime.default, LATER)
 
 
 @pytest.mark.parametrize("name", ["../../etc", "/etc/passwd", "v1", "v20990101T000000000000-abcdef/..", ""])
@@ -58,7 +58,7 @@ def test_a_name_that_is_not_a_version_never_becomes_a_path(runtime: Runtime, nam
     with pytest.raises(BadVersion):
         runtime.default.store.path(name)
     with pytest.raises(BadVersion):
-        runtime.serve_version(runtime.default, name)
+        runtime.load_version(runtime.default, name)
 
 
 def test_a_pointer_naming_a_path_reads_as_no_version(runtime: Runtime) -> None:

@@ -86,7 +86,7 @@ class Reindexer:
         still_wanted: Callable[[], bool] | None = None,
         reserved: int = 0,
     ) -> Job:
-        """encoder: the shipped bundle to build with (checked by the caller, `Runtime.model_named`);
+        """encoder: the shipped bundle to build with (checked by the caller, `Runtime.model_by_name`);
         None keeps the set's own, or the default for a new set. Another encoder than the set's
         re-encodes every record; the version before serves until the swap.
 
@@ -184,8 +184,7 @@ class Reindexer:
 
         check_wanted()
         target = self.candidate_set
-        named = job.report.get("encoder")
-        model = self.runtime.model_named(named) if named else self.runtime.model_of(target)
+        model = self.runtime.model_to_build(target, job.report.get("encoder"))
         job.report["encoder"] = model.bundle_dir.name
         serving = target.serving  # None until the first version exists: this job may build it
         job.previous_version = serving.index_version if serving else None
@@ -219,7 +218,7 @@ class Reindexer:
         job.counts.update(replies=manifest.replies, queries=manifest.queries, encoded=manifest.encoded)
 
         self._progress(job, "swap", 0.0)
-        fresh = self.runtime.serve_version(target, manifest.version)  # seconds on a large set
+        fresh = self.runtime.load_version(target, manifest.version)  # seconds on a large set
         # Asked after the load, as a rollback does: the lock may have gone while it loaded, and
         # another replica may be reindexing. Only the holder swaps.
         if not holding.still_held():

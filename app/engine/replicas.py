@@ -110,7 +110,7 @@ class Follower:
         if version is None or time.monotonic() < self._refused.get(key, (0.0, 0.0))[0]:
             return False
         try:
-            fresh = await anyio.to_thread.run_sync(self.runtime.serve_version, candidates, version)
+            fresh = await anyio.to_thread.run_sync(self.runtime.load_version, candidates, version)
         except Exception as error:  # any unreadable version (a corrupt .faiss is a RuntimeError): this set only
             wait = min(REFUSED_MAX_WAIT_S, self._refused.get(key, (0.0, REFUSED_FIRST_WAIT_S / 2))[1] * 2)
             self._refused[key] = (time.monotonic() + wait, wait)

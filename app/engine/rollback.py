@@ -32,7 +32,7 @@ def rollback(reindexer: Reindexer) -> tuple[str, str, dict[str, str]]:
         earlier = previous_version(target.store, built_with, current)
         if earlier is None:
             raise LookupError(f"set {target.name!r}: no earlier index version built with its encoder")
-        fresh = runtime.serve_version(target, earlier)
+        fresh = runtime.load_version(target, earlier)
         if not holding.still_held():
             raise RuntimeError("lost the reindex lock before the swap; nothing changed")
         # The pointer first, then the store goes back with it (`after_swap`): the next upload builds on

@@ -114,7 +114,7 @@ class Runtime:
     def default_encoder(self) -> str:
         return self.settings.bundle_dir.name
 
-    def model_named(self, name: str) -> Model:
+    def model_by_name(self, name: str) -> Model:
         """The shipped bundle `name`, loaded on first use (off the event loop: it reads and checks
         ~40 MB). Raises UnknownEncoder."""
         loaded = self.models.get(name)
@@ -128,27 +128,30 @@ class Runtime:
                 log.info("loaded encoder %s for the sets that name it", name)
             return self.models[name]
 
-    def model_for(self, checksum: str) -> Model:
+    def model_by_checksum(self, checksum: str) -> Model:
         """The shipped bundle whose checksum is `checksum`: what a version built with it is searched with."""
         for model in self.models.values():
             if model.bundle.checksum == checksum:
                 return model
         for name, path in self.encoders.items():
             if read_manifest(path).checksum == checksum:
-                return self.model_named(name)
+                return self.model_by_name(name)
         raise ValueError(f"built with another model ({checksum[:12]}), one this service does not ship")
 
-    def model_of(self, candidates: CandidateSet) -> Model:
-        """The model of what the set serves; the default's for a set that serves nothing yet."""
+    def model_to_build(self, candidates: CandidateSet, encoder: str | None = None) -> Model:
+        """The model a build of the set encodes with: shipped bundle `encoder` if named, else the
+        model of what the set serves, else (a set that serves nothing yet) the default's."""
+        if encoder:
+            return self.model_by_name(encoder)
         serving = candidates.serving
-        return self.current_model() if serving is None else self.model_for(serving.bundle.checksum)
+        return self.current_model() if serving is None else self.model_by_checksum(serving.bundle.checksum)
 
-    def serve_version(self, candidates: CandidateSet, version: str) -> Serving:
+    def load_version(self, candidates: CandidateSet, version: str) -> Serving:
         """An index version of a set with the model it was built with. The version's manifest is
         read before any of its FAISS files; the filters the set served recently are readied on it
         (called off the event loop: reindex, rollback, follower)."""
         self.current_model()  # not before the default has loaded
-        model = self.model_for(candidates.store.manifest(version).bundle_checksum)
+        model = self.model_by_checksum(candidates.store.manifest(version).bundle_checksum)
         loaded = candidates.store.load(version)
         if candidates.serving is not None:
             filters.warm(loaded, candidates.serving.index)
@@ -181,7 +184,7 @@ class Runtime:
         version = candidates.store.current()
         if version is not None:
             try:
-                self.model_for(candidates.store.manifest(version).bundle_checksum)
+                self.model_by_checksum(candidates.store.manifest(version).bundle_checksum)
             except ValueError:
                 version = None
         version = version or candidates.store.latest_for(model.bundle.checksum)
@@ -190,7 +193,7 @@ class Runtime:
                 candidates.problem = str(no_index(model.bundle))
             return candidates
         started = time.perf_counter()
-        candidates.swap(self.serve_version(candidates, version), f"loaded in {time.perf_counter() - started:.1f}s")
+        candidates.swap(self.load_version(candidates, version), f"loaded in {time.perf_counter() - started:.1f}s")
         return candidates
 
     async def close(self) -> None:
@@ -285,7 +288,7 @@ def no_index(bundle: BundleManifest) -> NotReady:
     )
 
 
-def load_serving(settings: Settings, store: IndexStore) -> Serving:
+def load_newest_serving(settings: Settings, store: IndexStore) -> Serving:
     """The configured bundle with the newest index version built with it."""
     started = time.perf_counter()
     model = load_model(settings)
