@@ -33,7 +33,7 @@ class Settings(BaseSettings):
     cache_redis_url: str | None = None
     # Every Redis call gives up after this, and the failure bypasses Redis, sessions
     # included. On a busy event loop the timer also counts the loop's own lag: at 50 ms
-    # a healthy Redis "timed out" under chaos scenario 11's load, and the bypass lost
+    # a healthy Redis times out under chaos scenario 11's load, and the bypass loses
     # session turns. A frozen Redis costs one request this much per bypass window.
     redis_timeout_ms: int = Field(default=250, ge=1, le=5000)
     # After a Redis failure that survived a reconnect, skip Redis for this long
@@ -80,14 +80,14 @@ class Settings(BaseSettings):
     # Whether onnxruntime's pool threads spin between the ops of a run instead
     # of sleeping; they stop when the run returns either way. On: a lone query
     # skips ~100 thread wake-ups, a few ms less at low traffic. Off: at
-    # saturation the event loop and searches keep those cycles, 6-10% more
-    # requests/s (`python -m bench.load --spin`; kernels timed by `git show 6cf5d79:bench/ort_kernels.py`).
+    # saturation the event loop and searches keep those cycles, and the service
+    # serves more requests/s (`python -m bench.load --spin`; docs/experiments.md).
     ort_spin: bool = False
     # With ort_spin off, a batch of one request (low traffic) may run on a second session
-    # that spins within a run: one context 3.4 -> 2.55 ms p50 (Intel Xeon with VNNI,
-    # `git show 6cf5d79:bench/ort_kernels.py`), while batches of several keep sleeping threads. At
-    # load both are timed on this CPU and the faster serves lone requests (/info says
-    # which). Costs a second copy of the encoder's session in memory.
+    # that spins within a run, faster for one context on some CPUs and not on others
+    # (docs/experiments.md), while batches of several keep sleeping threads. At load both
+    # are timed on this CPU and the faster serves lone requests (/info says which).
+    # Costs a second copy of the encoder's session in memory.
     ort_spin_alone: bool = True
     # A single-query HNSW search is too small to gain from OpenMP threads.
     faiss_threads: int = Field(default=1, ge=1, le=64)
@@ -98,8 +98,8 @@ class Settings(BaseSettings):
     # Requests on /reply and /similar at once, beyond which a new one gets 429 before its
     # body is read. Each sends one job to the encoder queue, so at max_pending the queue's
     # own refusal, which comes only after the body is parsed, is left as a backstop. 32: an admitted
-    # request queues behind the others, and under chaos scenario 6's flood (Intel Xeon, 2 cores)
-    # the slowest waited 2.5-3.8 s at 32, 4.1-5.4 s at 64 (its bar: none over 5 s).
+    # request queues behind the others, and under chaos scenario 6's flood on 2 cores the slowest
+    # stays within the scenario's bar (none over 5 s) at 32 and not at 64 (docs/experiments.md).
     max_in_flight: int = Field(default=32, ge=1)
     # A request body (but an admin route's) must have arrived whole this long after the request
     # began to be read, or the answer is 408 and the connection closes: a request is counted
@@ -136,9 +136,8 @@ class Settings(BaseSettings):
     rerank_depth: int = Field(default=50, ge=1, le=200)
     # Whether a request that does not say (`rerank` absent) is reranked by the poly head.
     # Off: a rerank is on by default only if it adds at least a point of R@1 both in
-    # domain and out of it (issue #29), and the release's head adds -0.0005 on the
-    # chitchat test (its manifest's eval) and -0.001 on chatterbot English through the API
-    # (0.154 on, 0.155 off; bench.ood, docs/experiments.md).
+    # domain and out of it, and no head measured so far has (docs/experiments.md, "Poly
+    # rerank on by default"); neither shipped bundle has one.
     # Off also spares every request the poly outputs, their cache and the rescoring.
     rerank_by_default: bool = False
     # Query similarity answers on a near copy of a stored query: its threshold is the stored

@@ -35,7 +35,7 @@ MAX_ID_CHARS = 128
 # The largest body the encoder routes' schemas allow, as json.dumps writes it by default
 # (ensure_ascii): a character outside the BMP takes 12 bytes ("\ud83d\ude00"), a Hangul syllable 6.
 # The body limit must let it through: at 64 KiB, twenty turns of 1,000 Korean characters from a
-# Python client (120 kB) were refused with 413 though their schema let them through (#49, item 12).
+# Python client (120 kB) would be refused with 413 though their schema lets them through.
 ESCAPED_CHAR_BYTES = 12
 OTHER_FIELDS_BYTES = 16 * 1024  # every other field at its limit, and JSON's punctuation, with room to spare
 BODY_LIMITS = {

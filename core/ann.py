@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 EXACT_BELOW = 20_000  # a flat scan of 20k 8-bit codes costs ~0.7 ms: not worth an approximation
 # Below this, the "inverted" role (the stored queries) scans its 8-bit codes: on chitchat's 92,045
 # queries a one-thread scan cost 4.1 ms (6.0 fp32) and reached recall@10 0.989, where an inverted file
-# took 7.5 s to build and never reached the target (0.977 at nprobe 256 of 1,216 lists; EPYC, VNNI).
+# took 7.5 s to build and never reached the target (0.977 at nprobe 256 of 1,216 lists, by the build's own check).
 INVERTED_ABOVE = 150_000
 RECALL_TARGET = 0.98  # recall@10 against exact fp32 search, the bar an index must clear
 HNSW_M = 64  # links per node: 32 needed efSearch 512 for the target on held-out contexts, 64 needs 128-192

@@ -130,7 +130,7 @@ class Encoder:
         # wake-up for each. With spin, the threads spin between the ops of one run and stop
         # the moment it returns (force_spinning_stop): idle threads left spinning between
         # requests took the cores the event loop and searches need under load.
-        # `python -m bench.load [--spin]` measures both ways (and `git show 6cf5d79:bench/ort_kernels.py` did).
+        # `python -m bench.load [--spin]` measures both ways (docs/experiments.md).
         options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
         options.add_session_config_entry("session.force_spinning_stop", "1")
         self.session = ort.InferenceSession(
@@ -138,9 +138,7 @@ class Encoder:
             options,
             providers=["CPUExecutionProvider"],
             # onnxruntime 1.32's SkipLayerNormalization kernel is slower than the Add and
-            # LayerNormalization it would replace: 93 vs 40 us at [1, 50, 384]; p50 of one
-            # context 10.5 -> 9.1 ms (multilingual), 2.7 -> 2.5 ms (MiniLM), as
-            # `git show 6cf5d79:bench/ort_kernels.py` timed them.
+            # LayerNormalization it would replace, at one short context too (docs/experiments.md).
             disabled_optimizers=["SkipLayerNormFusion"],
         )
         self.has_poly = POLY_OUTPUT in {o.name for o in self.session.get_outputs()}

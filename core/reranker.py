@@ -2,8 +2,8 @@
 
 The context graph outputs m poly vectors; each candidate's stored reply
 vector attends over them to build its own context vector. This must compute
-exactly what `models/poly.py` trained; `tests/test_rerank.py` holds the two
-to the same numbers.
+exactly what `models/poly.py` trains a head for (its `rescore`);
+`tests/test_rerank.py` holds it to the poly-encoder's score written in torch.
 """
 
 from __future__ import annotations

@@ -82,10 +82,9 @@ def main(argv: list[str] | None = None) -> None:
     candidates = default_candidates(bundle.max_context_turns, args.corpus, korean)
     source = DEFAULT_SOURCE if korean else ENGLISH_SOURCE
     print(f"[index] {len(candidates)} {source} candidates in {time.perf_counter() - started:.1f}s")
-    # Threads that spin between the ops of a run: this build is all the process does. On an EPYC with
-    # VNNI, alternate halves of each of the full build's chunks took 124.4 s spinning against 128.1 s
-    # sleeping, 3% (`make bench-encode-spin`; 6% in an earlier paired run). The service's own builds
-    # keep sleeping threads, which leave the cores to requests.
+    # Threads that spin between the ops of a run: this build is all the process does, and spinning
+    # encodes it a few percent faster (`make bench-encode-spin`, reports/encode_spin.md). The service's
+    # own builds keep sleeping threads, which leave the cores to requests.
     encoder = Encoder(bundle_dir, bundle, spin=True)
     cache = EncodeCache(args.artifacts / "cache" / "encode", bundle.checksum)
     if args.first_slice:

@@ -1,10 +1,10 @@
 """How many index builds one process runs at once: a memory budget shared by every set's jobs.
 
 Each set's reindex job runs in a thread of the process that serves every set, and a build holds its
-texts, both sides' vectors and the FAISS graphs in memory: measured ~0.4 GB above steady state for
-96k candidates. Uploads to several sets at once could take the process past its memory and down with
-every set. A job waits here (its state says so) until its estimate fits beside the builds running;
-one larger than the whole budget runs alone.
+texts, both sides' vectors and the FAISS graphs in memory: ~0.4 GB above steady state for 96k
+candidates (chaos scenario 5's peak RSS against steady). Uploads to several sets at once could take
+the process past its memory and down with every set. A job waits here (its state says so) until its
+estimate fits beside the builds running; one larger than the whole budget runs alone.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-BYTES_PER_CANDIDATE = 4_400  # ~0.4 GB over 96k candidates (issue #49), rounded up
+BYTES_PER_CANDIDATE = 4_400  # ~0.4 GB over 96k candidates (chaos scenario 5), rounded up
 
 
 class BuildBudget:

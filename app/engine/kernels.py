@@ -1,8 +1,8 @@
 """Which encoder session a lone request runs on, chosen at load on the CPU at hand.
 
 A session whose threads spin within a run skips about a hundred thread
-wake-ups in one context's pass. Whether that pays depends on the CPU (an Intel
-Xeon with VNNI: 3.4 against 2.55 ms p50, `git show 6cf5d79:bench/ort_kernels.py`), so at
+wake-ups in one context's pass. Whether that pays depends on the CPU
+(docs/experiments.md), so at
 load both sessions encode the same short contexts, taking turns, and the one
 with the lower p50 serves batches of one request. /info reports both figures,
 the choice and the CPU.

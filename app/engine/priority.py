@@ -2,8 +2,8 @@
 
 The event loop answers what must stay fast under any load: 429 refusals, /livez, /readyz. On two
 cores the encoder's threads and the search threads can keep both cores busy, and at equal priority
-the loop waits its turn behind them (chaos scenario 6, refusals p99: 47.7 and 60.7 ms in two
-full runs on an AMD EPYC, against a 50 ms bar). At a lower priority (a higher Linux nice, per
+the loop waits its turn behind them, and chaos scenario 6's refusals miss their 50 ms p99 bar
+(docs/experiments.md). At a lower priority (a higher Linux nice, per
 thread) the scheduler runs the loop as soon as it wakes, and the heavy threads still take every
 cycle the loop leaves. A reindex runs lower still, so live requests keep most of the machine.
 
@@ -26,8 +26,8 @@ from typing import TypeVar
 T = TypeVar("T")
 
 # The encoder and search threads: the loop gets ~9/10 of a core it contends for with one of them
-# (weights 1024:110). At 5 (1024:335), scenario 6's refusals p99 read 57.9 and 63.4 ms; at 10, 44.8
-# and 41.1, in one sitting on an Intel Xeon. The loop's own work is bounded (it parses, refuses and
+# (weights 1024:110); at 5 levels (1024:335) it gets about 3/4, and chaos scenario 6's refusals p99
+# reads higher (docs/experiments.md). The loop's own work is bounded (it parses, refuses and
 # hands off), so the heavy threads lose only what a flood makes the loop spend.
 SERVING = 10
 BACKGROUND = 19  # a reindex: ~7:1 behind the serving threads (weights 110:15)
