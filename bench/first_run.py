@@ -9,7 +9,7 @@ the Makefile's own target, timed: `make install` (the venv and the service's
 packages: no torch), `make first-slice` (the replies that answer the most
 contexts), then `make serve`: /readyz, the first `/reply` answered, and
 /info's `first_build` until the full index serves. Times after the install are
-counted from its end (#50's bar: the first answer within 60 s). pip's download
+counted from its end (the bar: the first answer within 60 s). pip's download
 cache is whatever this machine has; the report says so, and names the CPU and
 whether it has VNNI. Writes reports/first_run.json.
 """

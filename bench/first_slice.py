@@ -1,4 +1,4 @@
-"""`make bench-first-slice`: what a newcomer's first answers lose to the first slice (#50).
+"""`make bench-first-slice`: what a newcomer's first answers lose to the first slice.
 
     python -m bench.first_slice [--contexts 2000] [--artifacts artifacts]
 

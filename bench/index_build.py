@@ -1,6 +1,6 @@
-"""The full index build, timed, and before and after a change in one sitting (#50's bar: half the time).
+"""The full index build, timed, and before and after a change in one sitting.
 
-    python -m bench.index_build --before 3fe3403   # that commit's build, then this tree's, one after the other
+    python -m bench.index_build --before COMMIT    # that commit's build, then this tree's, one after the other
     python -m bench.index_build                    # this tree's build alone
 
 Each build is `python -m index --no-reuse` into a temporary artifacts folder of its own, so
@@ -181,7 +181,7 @@ def markdown(report: dict[str, Any]) -> str:
             )
     if "speedup" in report:
         c = report["comparison"]
-        lines += ["", f"**{report['speedup']}×** the speed of the build before (bar: 2×).", ""]
+        lines += ["", f"**{report['speedup']}×** the speed of the build before.", ""]
         lines.append(
             f"Reply vectors identical: {c['reply_vectors_identical']} (max abs diff {c['reply_vectors_max_abs_diff']})."
         )

@@ -10,7 +10,7 @@ English and over character bigrams and trigrams for Korean (its words carry
 particles, so a whole-word match is rare). Fusion adds `weight` x the BM25
 scores, scaled to [0, 1] per context, to the cosines. The weight is chosen on
 half A; half B is reported beside it. The bar for turning it on for a
-language (#48): +0.01 R@1 on half B at no more than 1 ms p50 a context.
+language: +0.01 R@1 on half B at no more than 1 ms p50 a context.
 """
 
 from __future__ import annotations

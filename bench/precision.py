@@ -7,8 +7,8 @@ The first bundle is the reference (the release, say), the others rebuilds of the
 (`python -m models.script_student --rows-from ... --export [--fp32] [--no-fuse]`). Each build
 encodes the same held-out contexts of up to 3 turns (a seeded sample, as `make bench` draws),
 one at a time and then in batches of 64, the builds taking turns a block at a time with a pause
-between blocks, so that a noisy neighbour slows all of them alike (`git show 6cf5d79:bench/frontier.py` timed one
-bundle after another). Agreement: the cosine between each build's context vectors and the
+between blocks, so that a noisy neighbour slows all of them alike (timed one bundle after another,
+a neighbour's burst lands on one build). Agreement: the cosine between each build's context vectors and the
 reference's, mean and minimum.
 
 Why: onnxruntime's int8 kernels lean on VNNI; on a CPU without it the u8 x s8 product is two

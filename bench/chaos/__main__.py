@@ -1,7 +1,7 @@
 """`make chaos`: faults, overload and hostile input against the running service.
 
     python -m bench.chaos                      # every scenario -> reports/chaos.md, reports/chaos.json
-    python -m bench.chaos --soak-minutes 10    # ... with the issue's 10-minute soak (about 20 minutes in all)
+    python -m bench.chaos --soak-minutes 10    # ... with the full 10-minute soak (about 20 minutes in all)
     python -m bench.chaos --only 1,3,11,16,19,22,23,24,25,26,27,28,29 --quick --sample 2000 --out /tmp/chaos-quick  # CI
 
 Each scenario starts what it needs (a redis-server on a free port, the
@@ -14,7 +14,7 @@ Scenarios 16-21 run three service processes on three ports, sharing one
 Redis and one artifacts folder, as replicas behind a load balancer do; 22
 runs one process, then three replicas.
 
-Scenarios 23-26 (bench/chaos/admission.py) are #49's: unauthenticated admin
+Scenarios 23-26 (bench/chaos/admission.py): unauthenticated admin
 bodies and fresh exclude_ids beside load, a pointer write that fails (a
 failpoint, core/failpoints.py) and rollback, upload, rollback on three replicas.
 
@@ -40,7 +40,7 @@ build and the suite would not fit in 15 minutes. Their rows name the index
 they ran on. --sample 0 runs them on the full index too. Without a full
 index (CI) everything runs on a sample encoded from the chitchat corpus.
 
-The default soak is 3 minutes with a reindex every 45 s, not the issue's 10
+The default soak is 3 minutes with a reindex every 45 s, not the full 10
 with one every 2 minutes (--soak-minutes 10); its row says which it ran.
 Estimated on 2 cores: about 26 minutes for all scenarios (25.8 with the 12-layer default), 6.5 for the CI subset.
 """
@@ -140,7 +140,7 @@ SCENARIOS: dict[int, Scenario] = {
         load_faults.sigterm_under_load,
     ),
     15: (
-        "soak at 20 rps with reindexes (issue: 10 minutes, one every 2; the row says what ran)",
+        "soak at 20 rps with reindexes (in full: 10 minutes, one every 2; the row says what ran)",
         "RSS growth < 10%; FDs and Redis clients flat",
         reindex_faults.soak,
     ),

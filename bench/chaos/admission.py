@@ -1,5 +1,5 @@
 """Scenarios 23-26: what an unauthenticated caller can cost, and what a failed pointer write or a
-rollback leaves behind, under load (#49's items 1, 2, 4 and 5).
+rollback leaves behind, under load.
 
 23 and 24 measure `/reply` at a steady load alone, then with the attack beside it, in one service:
 the bar is on the others' p99, against their own p99 of the same run. 25 and 26 run three replicas
@@ -144,7 +144,7 @@ def _rate(start: dict[str, float], end: dict[str, float], key: str, seconds: flo
 
 
 def unauthenticated_bodies(ctx: Context) -> dict[str, Any]:
-    """#49 item 1: POSTs of 32 MiB admin bodies with no token, 8 at a time without pause. The token is
+    """Scenario 23: POSTs of 32 MiB admin bodies with no token, 8 at a time without pause. The token is
     checked before any body byte is read, so RSS holds and the others' p99 with it."""
     with ctx.redis() as redis, ctx.service("s23", redis) as service:
         figures = _under_attack(ctx, service, "s23", "admin-bodies", ATTACKERS, BODIES_NICE)
@@ -160,7 +160,7 @@ def unauthenticated_bodies(ctx: Context) -> dict[str, Any]:
 
 
 def fresh_exclude_ids(ctx: Context) -> dict[str, Any]:
-    """#49 item 2: `/reply` with a selective filter (200 tagged candidates) and 256 made-up
+    """Scenario 24: `/reply` with a selective filter (200 tagged candidates) and 256 made-up
     `exclude_ids` each time. The filter's copy is keyed on its tags alone, so it is built once,
     and the others' p99 holds beside them as it does beside the same requests without the ids."""
     with ctx.redis() as redis, ctx.service("s24", redis) as service:
@@ -210,7 +210,7 @@ def _store_agrees(redis: RedisServer, indexes: IndexStore) -> dict[str, Any]:
 
 
 def failed_pointer_writes(ctx: Context) -> dict[str, Any]:
-    """#49 item 4: on replica A the pointer write fails (ENOSPC, a failpoint) in a reindex's swap and
+    """Scenario 25: on replica A the pointer write fails (ENOSPC, a failpoint) in a reindex's swap and
     then in a rollback's, under load on three replicas. Each says it failed; every replica goes on
     serving what the pointer names; after a restart the store and the served version agree, and the
     next upload keeps every record the served version had."""
@@ -285,7 +285,7 @@ def _roll_back(replica: Service, timeout_s: float = 15) -> None:
 
 
 def rollback_upload_rollback(ctx: Context) -> dict[str, Any]:
-    """#49 item 5: v1 serves; upload (v2); roll back (v1); upload (v3); roll back: v1 serves again, the
+    """Scenario 26: v1 serves; upload (v2); roll back (v1); upload (v3); roll back: v1 serves again, the
     version that served before v3, not v2, the version rolled back from. Three replicas, under load."""
     figures: dict[str, Any] = {"index": ctx.index_label()}
     load = ctx.work / "s26.jsonl"

@@ -56,7 +56,7 @@ def rare_candidates() -> list[dict[str, Any]]:
 
 
 def admin_bodies(url: str, seed: int) -> Callable[[httpx.Client], int]:
-    """#49 item 1: a 32 MiB upload with no token."""
+    """Scenario 23's attack: a 32 MiB upload with no token."""
     body = b'{"reply": "x"}\n' * (ADMIN_BODY_BYTES // 15)
     headers = {"content-type": "application/x-ndjson"}
     return lambda client: client.post(f"{url}/admin/candidates", content=body, headers=headers).status_code
@@ -76,7 +76,7 @@ def _filtered(url: str, seed: int, excluded: int) -> Callable[[httpx.Client], in
 
 
 def exclude_ids(url: str, seed: int) -> Callable[[httpx.Client], int]:
-    """#49 item 2: a selective filter and 256 made-up ids to exclude, fresh each time."""
+    """Scenario 24's attack: a selective filter and 256 made-up ids to exclude, fresh each time."""
     return _filtered(url, seed, 256)
 
 

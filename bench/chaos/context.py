@@ -43,7 +43,7 @@ class Durations:
     steady: float = 20
     overload: float = 15
     schema_fuzz: float = 60
-    # The issue asks for 10 minutes with a reindex every 2 minutes; that does not fit in
+    # The full soak is 10 minutes with a reindex every 2 minutes; that does not fit in
     # the suite's 15 with the rest, so the default is shorter (--soak-minutes 10 for the full one).
     soak: float = 180
     replica_upload: int = 20_000  # scenario 16's new candidates: a job long enough to start a replica into
@@ -53,7 +53,7 @@ class Durations:
 
     @property
     def soak_reindex_every(self) -> float:
-        """Every 2 minutes, as the issue asks, or a quarter of a shorter soak (3 reindexes)."""
+        """Every 2 minutes, as in the full soak, or a quarter of a shorter soak (3 reindexes)."""
         return min(120.0, self.soak / 4)
 
 

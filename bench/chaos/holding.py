@@ -1,23 +1,24 @@
 """Scenarios 27-28: sockets that hold the service without asking it for work, beside clients that do.
 
-27: 48 sockets each send a `/reply`'s headers and one byte of its body, and wait. They held all 32
-in-flight slots with no deadline, and every other `/reply` and `/similar` was 429 until they closed.
-Now a request counts once its body is in, and a body has CHITCHAT_BODY_READ_TIMEOUT_S to arrive.
+27: 48 sockets each send a `/reply`'s headers and one byte of its body, and wait. Were a request
+counted before its body is in, with no deadline, they would hold all 32 in-flight slots and every
+other `/reply` and `/similar` would be 429 until they closed: a request counts once its body is in,
+and a body has CHITCHAT_BODY_READ_TIMEOUT_S to arrive.
 
-28: 400 sockets on `/readyz` for 20 s, while a session sends 40 turns. Every call pinged Redis, the
-pool ran out of connections, the guard took that for Redis failing, and turns were answered 200 and
-not stored (36 of 40 kept). Now /readyz pings once at a time and a busy pool is waited for.
+28: 400 sockets on `/readyz` for 20 s, while a session sends 40 turns. Were every call to ping
+Redis, the pool would run out of connections, the guard would take that for Redis failing, and
+turns would be answered 200 and not stored: /readyz pings once at a time and a busy pool is waited
+for.
 
 Both run the others' load alone first, then beside the holders (bench/chaos/holders.py, a process of
 its own at nice 19, as 23's attacker: its own CPU is not the service's), in one service on one Redis.
 The bars are the suite's: 0 5xx, every session turn answered 200 stored, and the others' p99 beside
 the holders within P99_RATIO_BAR of their own alone in the same run.
 
-At nice 19 on 2 shared cores the flood gets what the others leave (about 190 /readyz a second in
-one run). With its client at nice 0 it reached 1,800 a second (AMD EPYC, 2 cores): no /readyz said
-Redis down and no turn was lost, but the others' p99 was 14x theirs alone, since every /readyz
-still costs the event loop a request's work and nothing bounds them. Before the fix, the same run
-read Redis down in 25,382 of 26,479 answers and lost 9 turns.
+At nice 19 on 2 shared cores the flood gets what the others leave. With its client at nice 0
+no /readyz says Redis down and no turn is lost, but the others' p99 is many times theirs alone,
+since every /readyz still costs the event loop a request's work and nothing bounds them: the
+bar holds the service's answers, not a flood's share of the CPU.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from app.config import Settings
 from bench.chaos.context import SESSION_TURNS, Context, check_sessions, stored_sessions
 from bench.chaos.harness import ROOT, Service, rows, summary, traffic, wait_for
 
-IDLE_BODIES = 48  # more than the default in-flight limit (32), as the issue's sockets were
+IDLE_BODIES = 48  # more than the default in-flight limit (32)
 FLOOD_CONNECTIONS = 400
 FLOOD_S = 20.0
 SESSION_MESSAGES = 40

@@ -1,11 +1,11 @@
 """Scenario 29: a flood of new anonymous session ids against a state Redis run with
 docker-compose.yml's own settings (its maxmemory and policy, read from the file).
 
-Each new session id used to keep its turns for an hour in a Redis that never
-evicts: one client filled compose's 1 GiB in about 32 minutes, after which
-every write failed, and admin, jobs and the lock answered 503. The service now
-stores at most CHITCHAT_SESSION_MAX_COUNT sessions of at most
-CHITCHAT_SESSION_MAX_BYTES each, and refuses a new one with 429 past the count.
+Each new session id keeps its turns for an hour in a Redis that never evicts:
+unbounded, one client would fill compose's 1 GiB, after which every write
+fails, and admin, jobs and the lock answer 503. The service stores at most
+CHITCHAT_SESSION_MAX_COUNT sessions of at most CHITCHAT_SESSION_MAX_BYTES
+each, and refuses a new one with 429 past the count.
 The scenario runs the service with a count small enough for the flood to
 reach within the window, and checks the other bars: the sessions under way
 lose no turn and are never refused, admin and the reindex lock still work,
