@@ -11,7 +11,7 @@ the bundle stays as small as before.
 
 Residual + LayerNorm stays two ops, not a SkipLayerNormalization:
 onnxruntime 1.32's kernel for it is slower than the pair at one short query
-(`git show 6cf5d79:bench/ort_kernels.py`), and the encoder turns off the same fusion
+(docs/experiments.md), and the encoder turns off the same fusion
 at session load for that reason (core/encoder.py).
 
 EmbedLayerNormalization turns the attention mask into sequence lengths,

@@ -144,7 +144,7 @@ def _clean(candidate: BundleManifest, evidence: Evidence) -> tuple[float | None,
     return None, bool(rows) and not any(r["trained_on_chatterbot"] for r in rows)
 
 
-# The bars of the encoder issue (#48): chosen on human chit-chat, half B reported against a bar;
+# The encoder is chosen on human chit-chat, half B reported against a bar;
 # chatterbot and STS are floors. Our own written Korean dev set is reported by `make eval`, not
 # gated: a gain that shows only on data we wrote is not yet a gain.
 GATES = (
@@ -176,7 +176,7 @@ GATES = (
         "reactions answer <= 15% of chatterbot turns (each language)",
         _candidate_rows("chatterbot-", lambda r: r["reaction_share"] <= 0.15, "reaction_share"),
     ),
-    # #48's bar: no reaction contradicts the turn. The share that fits is the value, reported, not
+    # The bar: no reaction contradicts the turn. The share that fits is the value, reported, not
     # gated: a class that takes no side ("oh I see") is a safe answer to news of either kind.
     Gate(
         "reactions_fit",

@@ -6,7 +6,8 @@
         # the shipped rows, re-exported under another graph or precision, without the training run
     python -m models.script_student --compare artifacts/bundles/script-student-int8   # a rebuild against the release
 
-Run 3 and run 4 (docs/experiments.md) found that a student reading one
+Two students before this one (docs/experiments.md: the 9-layer e5 student and MiniLM's
+layers over e5's tokens) found that a student reading one
 multilingual tokenizer ranks English replies it never saw far below
 all-MiniLM-L6-v2. This student keeps MiniLM whole: its WordPiece vocabulary,
 its embedding rows and its six layers, all frozen. The vocabulary gains one
@@ -31,7 +32,7 @@ pairs (written and translated) and the pack's Korean prose; the loss is
 1 - cosine to the targets, plus `task_weight` of in-batch contrastive loss on
 the pairs. Nothing here reads chatterbot-corpus or an STS set but to judge.
 
-`--translation-targets` (run 6): where a Korean text is our translation of
+`--translation-targets` (tried once, docs/experiments.md): where a Korean text is our translation of
 chitchat train turns, its target is MiniLM's vector of the English original
 instead, so the rows learn to read Korean as MiniLM reads English.
 """
@@ -87,7 +88,7 @@ class ScriptConfig:
     lr: float = 2e-3  # rows alone, from a mapped start: they may move far
     warmup_fraction: float = 0.05
     # In-batch contrastive loss on our Korean pairs, beside the distillation.
-    # Run 3's 0.25: the teacher's geometry leads, the pairs' corpus does not.
+    # 0.25, as the live 9-layer student had it: the teacher's geometry leads, the pairs' corpus does not.
     task_weight: float = 0.25
     scale: float = 20.0  # sentence-transformers' default for MiniLM's cosines
     rotation_texts: int = 8192  # English texts the e5 -> MiniLM rotation is fitted on
@@ -97,7 +98,7 @@ class ScriptConfig:
     # Where a Korean text is our translation of a chitchat train turn (about half of them), its
     # target is MiniLM's own vector of the English original rather than e5's vector rotated into
     # MiniLM's space (a loose fit, mean cosine 0.46): the rows learn to read Korean as MiniLM
-    # reads English. Off, as the release was trained (run 5); run 6 tried it (docs/experiments.md).
+    # reads English. Off, as the release was trained; tried once (docs/experiments.md).
     translation_targets: bool = False
 
 
@@ -430,7 +431,9 @@ def main() -> None:
     parser.add_argument("--bundles", type=Path, default=Path("artifacts/bundles"))
     parser.add_argument("--name", default="script-student-int8")
     parser.add_argument(
-        "--translation-targets", action="store_true", help="MiniLM's vectors of the English originals (run 6)"
+        "--translation-targets",
+        action="store_true",
+        help="MiniLM's vectors of the English originals (not the release's)",
     )
     parser.add_argument("--rows-from", type=Path, help="a bundle of this student whose rows --export rebuilds")
     parser.add_argument("--fp32", action="store_true", help="--export without int8 (a speed baseline)")
