@@ -228,10 +228,11 @@ bench-reaction-share: install index  ## where the reaction share starts on a new
 chaos: install-dev index  ## faults, overload and hostile input -> reports/chaos.{md,json} (about 26 min)
 	$(PY) -m bench.chaos
 
-# What .ci/run runs after `make test`: scenarios 1, 3 and 11, the replica scenarios 16 and 19 (3 processes), and
-# 22 (two sets, two encoders: one process, then 3; n/a while one encoder ships),
-# shorter, on a 2,000-candidate sample (about 4.5 min). CI gates correctness (5xx, lost, foreign or
-# out-of-order turns, wrong versions); latency figures are printed beside their bars (`make chaos` keeps them).
+# What .ci/run runs after `make test`: scenarios 1, 3 and 11, the replica scenarios 16 and 19 (3 processes),
+# 22 (two sets, two encoders: one process, then 3; n/a while one encoder ships) and 23-29 (admission,
+# held sockets, a session flood), shorter, on a 2,000-candidate sample (about 6 min). CI gates correctness
+# (5xx, lost, foreign or out-of-order turns, wrong versions); latency figures are printed beside their bars
+# (`make chaos` keeps them).
 .PHONY: chaos-quick
 chaos-quick: install-dev  ## the CI subset of make chaos -> /tmp/chaos-quick/chaos.{md,json}
 	$(PY) -m bench.chaos --only 1,3,11,16,19,22,23,24,25,26,27,28,29 --quick --sample 2000 --correctness-only --out /tmp/chaos-quick
@@ -243,7 +244,8 @@ bench-reindex: index  ## live reindex of ~100k candidates: duration and /reply p
 bench-first-slice: install index  ## the first slice's answers against the full index's on held-out turns -> reports/first_slice.{md,json}
 	$(PY) -m bench.first_slice
 
-# BEFORE: a commit to time beside this tree in the same sitting (#50: the build before 3fe3403's successor).
+# BEFORE=<commit>: that commit's build first, then this tree's, one after the other on this machine, so the
+# two are comparable; without it, this tree's build alone.
 bench-index-build: install  ## the full index build timed, phase by phase; BEFORE=<commit> for a one-sitting comparison -> reports/index_build.{md,json}
 	$(PY) -m bench.index_build $(if $(BEFORE),--before $(BEFORE))
 
