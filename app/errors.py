@@ -19,12 +19,12 @@ from pydantic import BaseModel
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.admin import SetLimit
 from app.engine.batcher import Closed, Overloaded
 from app.engine.kv import RedisBusy
 from app.engine.pipeline import NoCandidates, Unsupported
 from app.engine.reindex import Busy
 from app.engine.runtime import UnknownEncoder
+from app.engine.set_admin import SetLimit
 from app.engine.sets import BadSetName, NoSuchSet, NotReady
 from app.uploads import UploadError
 

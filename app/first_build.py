@@ -27,7 +27,7 @@ from index.build import default_candidates
 from index.first_slice import Owed, owed, settle
 
 if TYPE_CHECKING:
-    from app.admin import Admin
+    from app.engine.set_admin import Admin
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,11 @@ import anyio.to_thread
 from fastapi import FastAPI
 
 from app import errors, first_build, logs
-from app.admin import build_admin
 from app.config import Settings, get_settings
 from app.engine import replicas
 from app.engine.memory import fix_malloc_thresholds
 from app.engine.runtime import build_runtime
+from app.engine.set_admin import build_admin
 from app.limits import AdminGate, Admission, AdmissionLimit, BodySizeLimit
 from app.metrics import Metrics
 from app.routes import admin, demo, health, metrics, reply, similar

@@ -36,7 +36,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 OURS = ("app", "core", "index", "models", "bench", "tests")
 HEAVY = ("torch", "transformers", "onnx", "sentence_transformers")
-HTTP_LAYER = ("app.main", "app.routes", "app.deps", "app.errors", "app.limits", "app.admin", "app.schemas")
+HTTP_LAYER = ("app.main", "app.routes", "app.deps", "app.errors", "app.limits", "app.schemas")
 ANY = frozenset({"*"})
 PUBLIC: dict[str, frozenset[str]] = {
     "app.main": frozenset({"create_app"}),

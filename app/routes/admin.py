@@ -15,7 +15,6 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app import logs
-from app.admin import Admin, SetAdmin
 from app.auth import admin_refusal
 from app.config import Settings
 from app.deps import RuntimeDep, SettingsDep
@@ -23,6 +22,7 @@ from app.engine import describe
 from app.engine.reindex import Busy
 from app.engine.rollback import rollback as roll_back
 from app.engine.runtime import Runtime, UnknownEncoder
+from app.engine.set_admin import Admin, SetAdmin
 from app.engine.sets import DEFAULT_SET, SET_NAME, BadSetName, NoSuchSet, check_set_name
 from app.engine.versions import previous_version
 from app.errors import COMMON, ApiError, ErrorKind, error_response, responses
