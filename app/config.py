@@ -123,7 +123,7 @@ class Settings(BaseSettings):
     # threshold fitted on chitchat holds that share on chitchat only (a set of 1k
     # uploaded replies scores lower: more turns would fall below it). 0: the fitted
     # threshold alone. Until 20 turns are in, the threshold the version's own stored replies
-    # give decides (`index/confidence.py`).
+    # give decides (`index/confidence_quantiles.py`).
     reaction_share_window: int = Field(default=2000, ge=0, le=1_000_000)
 
     # Every replica looks this often at the pointer file (indexes/CURRENT) and serves the version it

@@ -87,7 +87,7 @@ class ReactionSpec:
 @dataclass
 class ConfidenceSpec:
     """Logistic regression over features of reply matching's hits: the
-    probability that its top reply is acceptable (`models/confidence.py`)."""
+    probability that its top reply is acceptable (`models/confidence_fit.py`)."""
 
     features: list[str]  # names, computed by `core.confidence.features`
     mean: list[float]  # per feature: standardisation fitted on validation turns

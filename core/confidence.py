@@ -1,5 +1,5 @@
 """How sure reply matching is of its top reply: a logistic regression over
-features of its hits, fitted on validation turns by `models/confidence.py`.
+features of its hits, fitted on validation turns by `models/confidence_fit.py`.
 
 Pure numpy; the features are computed here and nowhere else, so the fit and
 the service see the same numbers.
@@ -82,7 +82,7 @@ class ShareThreshold:
     release: 26% of turns instead of 10% against the validation split's own 13,895
     replies). So the last `window` confidences of this index version set it; until
     `warmup` of them are in, `fallback` does: the threshold the version's stored
-    replies give (`index/confidence.py`), or the validation one."""
+    replies give (`index/confidence_quantiles.py`), or the validation one."""
 
     share: float
     fallback: float  # the threshold until `warmup` turns are in

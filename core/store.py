@@ -123,7 +123,7 @@ class IndexManifest:
     profile: dict[str, float] = field(default_factory=dict)
     encoded: int = 0  # texts encoded for this version; the rest were reused from an earlier one
     # [101] percentiles of the bundle's reply-matching confidence with stored replies said as
-    # contexts (`index/confidence.py`): where the reaction share's threshold starts on this
+    # contexts (`index/confidence_quantiles.py`): where the reaction share's threshold starts on this
     # version. Empty for a bundle with no confidence model, or a version built before them.
     confidence_quantiles: list[float] = field(default_factory=list)
     # The side the stored queries were encoded on, and so the one a live last turn is encoded on

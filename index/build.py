@@ -30,7 +30,7 @@ from core.encoder import Encoder
 from core.records import Candidate
 from core.store import QUERY_INDEX, REACTION_INDEX, REPLY_INDEX, IndexManifest, IndexStore, Tables
 from core.text import normalize
-from index.confidence import quantiles, sampled, stored_reply_confidences
+from index.confidence_quantiles import quantiles, sampled, stored_reply_confidences
 from index.encode_cache import EncodeCache
 
 log = logging.getLogger(__name__)
@@ -290,7 +290,7 @@ def _small_append(t: Tables, known: KnownVectors, fresh: Encoded) -> bool:
 def _starting_confidences(
     t: Tables, known: KnownVectors, fresh: Encoded, encoder: Encoder, reply_index: faiss.Index, said: np.ndarray | None
 ) -> list[float]:
-    """`IndexManifest.confidence_quantiles` for this version (`index/confidence.py`). said: [S, D] its
+    """`IndexManifest.confidence_quantiles` for this version (`index/confidence_quantiles.py`). said: [S, D] its
     sample of stored replies as contexts, where this build encoded it; else they are encoded here."""
     earlier = known.store.manifest(known.version).confidence_quantiles if known.store and known.version else []
     if earlier and _small_append(t, known, fresh):
@@ -327,7 +327,7 @@ def _index_and_commit(
     lap = time.perf_counter()
     # Replies are searched with context vectors: stored turns said as one-turn contexts are the
     # nearest thing to real ones, to check the graph's recall with and to start the confidences
-    # from (`index/confidence.py`, whose sample this is). 500 texts are 0.5% of a full build's
+    # from (`index/confidence_quantiles.py`, whose sample this is). 500 texts are 0.5% of a full build's
     # passes but most of an append of a few candidates, which checks with the earlier version's.
     carried = known.probes() if _small_append(t, known, fresh) else None
     said = encoder.encode(sampled(t.reply_texts), "context") if carried is None else None  # [S, D]

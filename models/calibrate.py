@@ -5,7 +5,7 @@
 1. Every validation turn is answered by all three strategies with the serving
    code (`models/walk.py`), and each answer is judged against the reply the
    person sent.
-2. The confidence model (`models/confidence.py`) learns, from features of
+2. The confidence model (`models/confidence_fit.py`) learns, from features of
    reply matching's hits, whether its top reply is acceptable.
 3. Reply matching's threshold is the product call: the least confident
    `reaction_share` of turns (10% by default) go to reactions. The manifest
@@ -37,7 +37,7 @@ from core.bundle import Thresholds, open_bundle, update_manifest
 from core.confidence import ConfidenceModel
 from core.encoder import Encoder
 from core.store import IndexStore
-from models import confidence as fitting
+from models import confidence_fit as fitting
 from models.evalset import eval_set
 from models.walk import SOURCES, WalkFeatures, replay, shares, source_utility, sources, utility
 

@@ -9,8 +9,8 @@ import pytest
 
 from core.confidence import ConfidenceModel
 from models.calibrate import ALWAYS, fit
-from models.confidence import auroc
-from models.confidence import fit as fit_confidence
+from models.confidence_fit import auroc
+from models.confidence_fit import fit as fit_confidence
 from models.walk import WalkFeatures, sources
 
 

@@ -17,7 +17,7 @@ from core.records import Candidate
 from core.store import IndexStore
 from core.text import Signature, echoes
 from index.build import build_version
-from index.confidence import quantiles, stored_reply_confidences
+from index.confidence_quantiles import quantiles, stored_reply_confidences
 from tests.helpers import bundle_of, settings_for, tiny_candidates
 
 # A confidence of top1 alone: sigmoid(top1), so a test can say which hit it saw.

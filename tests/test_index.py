@@ -20,7 +20,7 @@ from core.records import Candidate
 from core.store import QUERY_INDEX, REPLY_INDEX, IndexStore
 from index.build import Encoded, KnownVectors, _gather, build_version, tables
 from index.candidates import apply, duplicates
-from index.confidence import SAMPLE
+from index.confidence_quantiles import SAMPLE
 from index.corpus import Pair, candidate_records, load_conversations, load_pairs, pairs_from, split_of
 from tests.helpers import bundle_of
 

@@ -263,7 +263,7 @@ def serve(model: Model, index: IndexVersion, settings: Settings) -> Serving:
         if settings.reaction_share_window:
             window = settings.reaction_share_window
             # Where that share lies depends on the candidates: until this version's own turns say
-            # it, its stored replies do (index/confidence.py). A version built before them starts
+            # it, its stored replies do (index/confidence_quantiles.py). A version built before them starts
             # from the validation turns'.
             stored = index.manifest.confidence_quantiles
             start = threshold_for_share(stored, settings.reaction_share) if stored else thresholds.reply_matching

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from core.confidence import ConfidenceModel
-from models.confidence import auroc
+from models.confidence_fit import auroc
 from models.tables import cell
 
 SHARES = (0.05, 0.10, 0.20, 0.30)
