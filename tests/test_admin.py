@@ -70,7 +70,7 @@ ADMIN_CALLS = [
 async def test_admin_is_disabled_without_a_configured_token(
     client: httpx.AsyncClient, method: str, path: str, body: Any
 ) -> None:
-    """operations.md, Admin: disabled unless CHITCHAT_ADMIN_TOKEN is set."""
+    """candidates.md, Admin: disabled unless CHITCHAT_ADMIN_TOKEN is set."""
     response = await client.request(method, path, json=body, headers=AUTH)
     assert response.status_code == 401
     assert response.json()["error"]["kind"] == "unauthorized"
@@ -81,14 +81,14 @@ async def test_admin_is_disabled_without_a_configured_token(
 async def test_every_admin_route_needs_the_token(
     admin_client: httpx.AsyncClient, method: str, path: str, body: Any, header: dict[str, str]
 ) -> None:
-    """operations.md, Admin: every admin route needs `Authorization: Bearer <token>` (401 `unauthorized`)."""
+    """candidates.md, Admin: every admin route needs `Authorization: Bearer <token>` (401 `unauthorized`)."""
     response = await admin_client.request(method, path, json=body, headers=header)
     assert response.status_code == 401
     assert response.json()["error"]["field"] == "authorization"
 
 
 async def test_append_reindexes_and_the_new_candidate_answers(admin_client: httpx.AsyncClient) -> None:
-    """operations.md, Admin: an upload is 202 with a job; the new version is built to the side,
+    """candidates.md, Admin: an upload is 202 with a job; the new version is built to the side,
     swapped in, and `GET /admin/index` names it and the one before."""
     before = await version_of(admin_client)
     job = await upload(admin_client, [{"query": "do you like tacos?", "reply": "tacos are life", "id": "taco-1"}])
@@ -121,7 +121,7 @@ async def test_a_reindex_loads_no_tokenizer_of_its_own(
 
 
 async def test_ndjson_delete_and_replace(admin_client: httpx.AsyncClient) -> None:
-    """operations.md, Bring your own replies: NDJSON; `append` adds or replaces by id, `replace`
+    """candidates.md, Bring your own replies: NDJSON; `append` adds or replaces by id, `replace`
     swaps the whole set, `delete` removes the ids listed."""
     lines = b'{"reply": "bananas!", "query": "favourite fruit?", "id": "fruit"}\n\n{"reply": "kiwi", "id": "k"}\n'
     response = await admin_client.post(
@@ -173,7 +173,7 @@ BAD_UPLOADS: list[tuple[str, bytes, str, int, str]] = [
 async def test_bad_uploads_name_the_line_and_leave_the_old_version_serving(
     admin_client: httpx.AsyncClient, case: str, body: bytes, content_type: str, status: int, field: str
 ) -> None:
-    """operations.md, Bring your own replies: by default one invalid record refuses the whole upload
+    """candidates.md, Bring your own replies: by default one invalid record refuses the whole upload
     and names it (`line 326.reply`); the version before keeps serving."""
     before = await version_of(admin_client)
     response = await admin_client.post(
@@ -185,7 +185,7 @@ async def test_bad_uploads_name_the_line_and_leave_the_old_version_serving(
 
 
 async def test_oversize_uploads_and_record_counts_are_refused(make_client: AppFactory, own_artifacts: Path) -> None:
-    """operations.md, Configuration and Errors and limits: an upload body past
+    """operations.md, Configuration, and api.md, Errors and limits: an upload body past
     CHITCHAT_ADMIN_MAX_BODY_BYTES is 413 `payload_too_large` naming `body`, a chunked one (no length)
     included; past CHITCHAT_ADMIN_MAX_RECORDS records, 413 naming `records`. Nothing changes."""
 
@@ -218,7 +218,7 @@ async def test_delete_everything_is_refused_and_nothing_changes(admin_client: ht
 async def test_a_second_reindex_while_one_runs_is_409(
     make_client: AppFactory, own_artifacts: Path, clean_redis: redis.Redis
 ) -> None:
-    """operations.md, Errors and limits: `conflict` 409 while a reindex or rollback runs, on any
+    """api.md, Errors and limits: `conflict` 409 while a reindex or rollback runs, on any
     replica (Scale-out: the lock is in Redis)."""
     async with make_client(artifacts_dir=own_artifacts, admin_token=TOKEN, redis_url=REDIS_URL) as client:
         assert RedisLock(clean_redis).acquire("another-replica")  # as if another replica were reindexing
@@ -256,7 +256,7 @@ async def test_a_store_from_before_the_history_rolls_back_its_first_upload(
 
 
 async def test_rollback_serves_the_previous_version(admin_client: httpx.AsyncClient) -> None:
-    """operations.md, Admin: `POST /admin/rollback` serves the previous version, and the candidate
+    """candidates.md, Admin: `POST /admin/rollback` serves the previous version, and the candidate
     store goes back with it; with nothing older, 409."""
     first = await version_of(admin_client)
     job = await upload(admin_client, [{"reply": "new!", "query": "what's new?"}])
@@ -282,7 +282,7 @@ async def test_rollback_serves_the_previous_version(admin_client: httpx.AsyncCli
 async def test_a_crash_mid_build_leaves_the_current_version_and_fails_the_job(
     make_client: AppFactory, own_artifacts: Path
 ) -> None:
-    """operations.md, Admin: a crash mid-build leaves the current version serving; the job is marked
+    """candidates.md, Admin: a crash mid-build leaves the current version serving; the job is marked
     failed by the next start. Scale-out: staging directories whose process is gone are removed."""
     store = IndexStore(own_artifacts / "indexes")
     serving = store.current()
@@ -322,7 +322,7 @@ async def test_a_deeply_nested_upload_is_a_422_naming_the_line(admin_client: htt
 
 
 async def test_reindex_under_load_never_errors_and_each_reply_has_one_version(admin_client: httpx.AsyncClient) -> None:
-    """operations.md, Admin: zero-downtime swap; requests in flight finish on the version they
+    """candidates.md, Admin: zero-downtime swap; requests in flight finish on the version they
     started with."""
     old = await version_of(admin_client)
     seen: list[tuple[str, str]] = []
@@ -374,7 +374,7 @@ async def test_two_replicas_converge_on_the_new_version(
 
 
 async def test_skip_indexes_the_valid_records_and_reports_the_rest(admin_client: httpx.AsyncClient) -> None:
-    """operations.md, Bring your own replies: `on_invalid=skip` indexes the valid records and reports
+    """candidates.md, Bring your own replies: `on_invalid=skip` indexes the valid records and reports
     each skipped one (line, field, reason)."""
     lines = [
         {"query": "what is your favourite tree?", "reply": "an old oak, no question", "id": "oak"},
@@ -407,7 +407,7 @@ async def test_skip_indexes_the_valid_records_and_reports_the_rest(admin_client:
 
 
 async def test_csv_uploads_and_duplicate_ids_resolve_to_the_last_record(admin_client: httpx.AsyncClient) -> None:
-    """operations.md, Bring your own replies: CSV with a header; the same id twice keeps the last
+    """candidates.md, Bring your own replies: CSV with a header; the same id twice keeps the last
     record, reported with its rule."""
     body = (
         b"query,reply,id\n"
@@ -467,7 +467,7 @@ async def test_a_deployment_without_an_index_serves_after_its_first_upload(
     make_client: AppFactory, artifacts: Path, tmp_path: Path
 ) -> None:
     # The model only: no index version yet, as a deployment that brings its own candidates starts.
-    """operations.md, Bring your own replies: without an index `/readyz` is 503, and the first upload
+    """candidates.md, Bring your own replies: without an index `/readyz` is 503, and the first upload
     builds the first version."""
     async with make_client(artifacts_dir=tmp_path / "fresh", admin_token=TOKEN) as client:
         ready = await client.get("/readyz")
@@ -491,7 +491,7 @@ async def test_the_job_list_needs_the_token(admin_client: httpx.AsyncClient, hea
 async def test_the_job_list_is_newest_first_and_each_job_reads_as_its_own_route(
     make_client: AppFactory, own_artifacts: Path, clean_redis: redis.Redis, backend: str
 ) -> None:
-    """operations.md, Admin: `GET /admin/jobs`, `GET /admin/jobs/{id}`: state, stage, progress,
+    """candidates.md, Admin: `GET /admin/jobs`, `GET /admin/jobs/{id}`: state, stage, progress,
     counts, newest first."""
     import time
 
@@ -525,7 +525,7 @@ async def test_an_upload_shows_in_the_job_list(admin_client: httpx.AsyncClient) 
 async def test_a_job_whose_lock_expired_is_failed_and_uploads_are_taken(
     make_client: AppFactory, own_artifacts: Path, clean_redis: redis.Redis
 ) -> None:
-    """operations.md, Admin: a job whose process died is marked failed once its lock has expired, by
+    """candidates.md, Admin: a job whose process died is marked failed once its lock has expired, by
     the next upload or job listing, and uploads are taken again."""
     from app.engine.jobs import LOCK_KEY, RedisJobStore
 
@@ -673,7 +673,7 @@ async def test_a_rollback_whose_pointer_write_fails_is_503_and_changes_nothing(
 async def test_a_csv_field_too_long_for_the_csv_module_is_a_4xx_or_skipped(
     admin_client: httpx.AsyncClient, on_invalid: str
 ) -> None:
-    """operations.md, Errors and limits: a bad field is a 4xx that names it, `internal_error` never bad
+    """api.md, Errors and limits: a bad field is a 4xx that names it, `internal_error` never bad
     input. A CSV field over 131,072 characters was a 500 with and without on_invalid=skip."""
     body = b"reply,id\nfine,a\n" + b"x" * 140_000 + b",b\n"
     response = await admin_client.post(
@@ -689,7 +689,7 @@ async def test_a_csv_field_too_long_for_the_csv_module_is_a_4xx_or_skipped(
 
 
 def test_a_staging_directory_of_an_earlier_process_with_this_pid_is_removed(tmp_path: Path) -> None:
-    """operations.md, Scale-out (staging directories): a replica removes the staging directories
+    """replicas.md, Scale-out (staging directories): a replica removes the staging directories
     whose process is gone. In a container uvicorn is PID 1 after every restart and the hostname
     is kept, so a killed build's directory named a live process (this one) and was never removed.
     A build's process is known by its pid, its start time and a token of its own, on this boot."""
@@ -725,7 +725,7 @@ def test_a_staging_directory_of_an_earlier_process_with_this_pid_is_removed(tmp_
 async def test_a_rollback_with_nothing_to_go_back_to_is_409_and_every_set_keeps_serving(
     make_client: AppFactory, own_artifacts: Path, tmp_path: Path
 ) -> None:
-    """operations.md, Errors and limits: `conflict` 409 when there is nothing to roll back to. A set
+    """api.md, Errors and limits: `conflict` 409 when there is nothing to roll back to. A set
     that serves no version (a deployment before its first upload, a set whose first job failed)
     answered 503, the status a client retries, when retrying can never help."""
     async with make_client(artifacts_dir=tmp_path / "fresh", admin_token=TOKEN) as client:
@@ -769,7 +769,7 @@ async def _more_than_the_limit() -> AsyncIterator[bytes]:
 async def test_what_needs_no_body_is_answered_before_the_body_is_read(
     admin_client: httpx.AsyncClient, body: Any, path: str, status: int, field: str | None
 ) -> None:
-    """operations.md, Candidate sets and Admin: an unknown encoder is 404 naming `encoder`, checked
+    """candidates.md, Candidate sets and Admin: an unknown encoder is 404 naming `encoder`, checked
     before the body is read; an upload is refused with 409 before its body is read while a job holds
     the lock. Both came after the whole body was read: a body that never came got no answer."""
     admin = admin_client._transport.app.state.admin  # type: ignore[attr-defined]
@@ -786,7 +786,7 @@ async def test_what_needs_no_body_is_answered_before_the_body_is_read(
 async def test_a_failed_store_write_after_the_swap_fails_no_job_and_the_next_builds_on_the_version(
     admin_client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """operations.md, Admin and After a fault (the store write fails after a swap): telling the
+    """candidates.md, Admin, and operations.md, After a fault (the store write fails after a swap): telling the
     replicas, pruning and writing the store come after the swap; the job reports each in
     `report.after_swap`, and a failure there does not fail a job whose version already serves. The
     next job reads the version's own records, since the store says it is another version."""
@@ -814,7 +814,7 @@ async def test_a_failed_store_write_after_the_swap_fails_no_job_and_the_next_bui
 async def test_the_last_three_versions_are_kept_for_rollback(
     admin_client: httpx.AsyncClient, own_artifacts: Path
 ) -> None:
-    """operations.md, Admin: the last three versions are kept for rollback; older ones are pruned."""
+    """candidates.md, Admin: the last three versions are kept for rollback; older ones are pruned."""
     versions = [await version_of(admin_client)]
     for n in range(4):
         versions.append((await upload(admin_client, [{"reply": f"reply {n}", "id": f"r{n}"}]))["version"])

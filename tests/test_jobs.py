@@ -212,7 +212,7 @@ def own_artifacts(artifacts: Path, tmp_path: Path) -> Path:
 async def test_a_reindex_that_loses_its_lock_while_the_new_version_loads_never_swaps(
     make_client: AppFactory, own_artifacts: Path, clean_redis: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """operations.md, Scale-out: one reindex or rollback at a time, and only the lock's holder swaps.
+    """replicas.md, Scale-out: one reindex or rollback at a time, and only the lock's holder swaps.
     The lock was checked before `load_version`, which takes seconds on a large set: a job whose lock
     another replica took meanwhile swapped anyway. It is checked after, as a rollback does."""
     from app.engine.runtime import Runtime
@@ -239,7 +239,7 @@ async def test_a_reindex_that_loses_its_lock_while_the_new_version_loads_never_s
 async def test_without_redis_a_set_keeps_one_lock_however_often_it_is_found_again(
     make_client: AppFactory, own_artifacts: Path
 ) -> None:
-    """operations.md, Candidate sets: each set has its own lock, and one reindex or rollback runs at
+    """candidates.md, Candidate sets: each set has its own lock, and one reindex or rollback runs at
     a time. Without Redis a set got a fresh lock whenever this replica found it again (the follower
     drops a set whose directory a remount hides, and adds it back): two jobs could run on one set."""
     (own_artifacts / "sets" / "kids" / "indexes").mkdir(parents=True)

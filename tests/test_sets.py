@@ -64,7 +64,7 @@ async def ids_answering(client: httpx.AsyncClient, name: str, text: str) -> set[
 
 
 async def test_each_set_answers_only_from_its_own_candidates(two_bots: httpx.AsyncClient) -> None:
-    """operations.md, Candidate sets: each set answers from its own candidates; `set` on `/reply`
+    """candidates.md, Candidate sets: each set answers from its own candidates; `set` on `/reply`
     and `/similar`, `default` untouched."""
     for text in ("hi! how are you?", "안녕! 잘 지내?", "tell me about chess", "체스 좋아해?"):
         assert await ids_answering(two_bots, "english", text) <= {"en-1", "en-2", "en-3"}
@@ -77,7 +77,7 @@ async def test_each_set_answers_only_from_its_own_candidates(two_bots: httpx.Asy
 
 
 async def test_one_session_id_sent_to_two_sets_is_two_conversations(two_bots: httpx.AsyncClient) -> None:
-    """operations.md, Candidate sets: sessions are per set."""
+    """candidates.md, Candidate sets: sessions are per set."""
     for name, message in (("english", "good night"), ("korean", "잘 자"), ("english", "hi! how are you?")):
         body = {"session_id": "shared-id", "message": message, "set": name}
         response = await two_bots.post("/reply", json=body)
@@ -109,7 +109,7 @@ async def test_a_reindex_under_load_never_crosses_sets(two_bots: httpx.AsyncClie
 
 
 async def test_sets_are_listed_rolled_back_and_deleted(two_bots: httpx.AsyncClient) -> None:
-    """operations.md, Admin: `GET /admin/sets` (counts, index bytes, limits), a set's own rollback
+    """candidates.md, Admin: `GET /admin/sets` (counts, index bytes, limits), a set's own rollback
     and jobs, `DELETE /admin/sets/{name}` (never `default`: 409)."""
     listed = (await two_bots.get("/admin/sets", headers=AUTH)).json()
     by_name = {s["name"]: s for s in listed["sets"]}
@@ -138,7 +138,7 @@ async def test_sets_are_listed_rolled_back_and_deleted(two_bots: httpx.AsyncClie
 
 @pytest.mark.parametrize("name", ["../etc", "Upper", "a" * 33, "-dash", "sp ace", ".hidden", ""])
 async def test_a_set_name_is_checked_before_it_becomes_a_path(two_bots: httpx.AsyncClient, name: str) -> None:
-    """operations.md, Candidate sets: names are checked before they become paths or keys (422
+    """candidates.md, Candidate sets: names are checked before they become paths or keys (422
     naming `set`)."""
     response = await two_bots.post("/reply", json={"context": ["hi"], "set": name})
     assert response.status_code == 422 and response.json()["error"]["field"] == "set", response.text
@@ -153,7 +153,7 @@ def two_bots_root(client: httpx.AsyncClient) -> Path:
 
 
 async def test_an_unknown_set_is_a_404_naming_it(two_bots: httpx.AsyncClient) -> None:
-    """operations.md, Candidate sets: an unknown set is 404 `not_found` with `field: "set"`."""
+    """candidates.md, Candidate sets: an unknown set is 404 `not_found` with `field: "set"`."""
     for response in (
         await two_bots.post("/reply", json={"context": ["hi"], "set": "nobody"}),
         await two_bots.post("/similar", json={"text": "hi", "set": "nobody"}),
@@ -164,7 +164,7 @@ async def test_an_unknown_set_is_a_404_naming_it(two_bots: httpx.AsyncClient) ->
 
 
 async def test_limits_on_sets_and_candidates_are_clear_4xx(make_client: AppFactory, own_artifacts: Path) -> None:
-    """operations.md, Candidate sets: past CHITCHAT_MAX_SETS a new set is 409 naming `set` (and
+    """candidates.md, Candidate sets: past CHITCHAT_MAX_SETS a new set is 409 naming `set` (and
     leaves no directory); past CHITCHAT_MAX_TOTAL_CANDIDATES an upload is 413 naming `records`."""
     async with make_client(artifacts_dir=own_artifacts, admin_token=TOKEN, max_sets=2) as client:
         await upload_to(client, "english", ENGLISH)
@@ -180,7 +180,7 @@ async def test_limits_on_sets_and_candidates_are_clear_4xx(make_client: AppFacto
 async def test_a_replica_finds_a_new_set_and_drops_a_deleted_one(
     make_client: AppFactory, own_artifacts: Path, clean_redis: redis.Redis
 ) -> None:
-    """operations.md, Candidate sets: a set exists while its directory does; every replica finds new
+    """candidates.md, Candidate sets: a set exists while its directory does; every replica finds new
     sets and drops deleted ones; a set's keys live under `set:<name>:`."""
     settings = {"artifacts_dir": own_artifacts, "admin_token": TOKEN, "index_poll_s": 0.1, "redis_url": REDIS_URL}
     async with make_client(**settings) as replica_a, make_client(**settings) as replica_b:
@@ -295,7 +295,7 @@ async def submitted(client: httpx.AsyncClient, name: str, records: list[dict[str
 async def test_sets_whose_first_job_runs_take_a_slot_and_one_that_failed_takes_it_at_its_next_upload(
     make_client: AppFactory, own_artifacts: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """operations.md, Candidate sets: CHITCHAT_MAX_SETS bounds a replica's memory; a new set past it is
+    """candidates.md, Candidate sets: CHITCHAT_MAX_SETS bounds a replica's memory; a new set past it is
     409 naming `set`. Only sets that held a version were counted: first uploads sent together all
     passed (none held one yet), and a set whose first job failed took no slot, so its next upload
     made a set past the limit (18 sets under a limit of 16). A set's job never waits for another set's
@@ -327,7 +327,7 @@ async def test_sets_whose_first_job_runs_take_a_slot_and_one_that_failed_takes_i
 async def test_the_candidate_limit_counts_records_and_the_jobs_still_running(
     make_client: AppFactory, own_artifacts: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """operations.md, Candidate sets: CHITCHAT_MAX_TOTAL_CANDIDATES bounds the candidates over every
+    """candidates.md, Candidate sets: CHITCHAT_MAX_TOTAL_CANDIDATES bounds the candidates over every
     set; an upload that would pass it is 413 naming `records`. Other sets were counted by their
     distinct replies (a reply with two queries is two candidates), and a job still running was not
     counted at all."""

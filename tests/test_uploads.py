@@ -78,7 +78,7 @@ def test_skipped_records_name_their_line_as_a_number(
 
 
 def test_a_records_object_is_its_array_and_a_skip_reports_the_first_hundred() -> None:
-    """operations.md, Bring your own replies: a file is a JSON array or `{"records": [...]}`;
+    """candidates.md, Bring your own replies: a file is a JSON array or `{"records": [...]}`;
     `--on-invalid skip` reports each skipped record (line, field, reason; the first 100)."""
     body = json.dumps({"records": [{"reply": ""}] * 150 + [{"reply": "ok"}]}).encode()
     upload = parse(body, "application/json", on_invalid="skip")
@@ -154,7 +154,7 @@ FORMATS = ["application/json", "application/x-ndjson", "text/csv"]
 
 @pytest.mark.parametrize("content_type", FORMATS)
 def test_the_record_limit_is_counted_while_parsing_and_memory_stays_bounded(content_type: str) -> None:
-    """operations.md, Errors and limits and Admin (`CHITCHAT_ADMIN_MAX_RECORDS`): an upload of more
+    """api.md, Errors and limits, and candidates.md, Admin (`CHITCHAT_ADMIN_MAX_RECORDS`): an upload of more
     records than the limit is 413 naming `records`. A parse that built every record before counting
     them grew memory ~57 times the body's size (a 4 MiB body of 2M records: 228 MiB) before its 413:
     the count now stops the parse at the limit's first record past it."""
