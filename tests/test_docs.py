@@ -10,6 +10,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "models").glob("*.md"))]
 MODULE = re.compile(r"-m ([a-z_][a-z0-9_.]*)")
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+ANCHORED = re.compile(r"\]\(([^)#\s]*\.md)?#([^)\s]+)\)")  # a link to a heading: [x](page.md#slug) or [x](#slug)
+HEADING = re.compile(r"^#{1,6} +(.+?) *#*$", flags=re.MULTILINE)
+LONGEST = {"README.md": 150}  # lines; every other page at most 300: a reference, not a diary
 MAKE = re.compile(r"`make ([a-z][a-z0-9-]*[a-z0-9])(?![*\w-])")  # not a pattern such as `make bench-*`
 
 
@@ -45,3 +48,36 @@ def test_every_make_target_the_docs_name_exists() -> None:
     known = targets()
     unknown = [f"{p.relative_to(ROOT)}: make {t}" for p in PAGES for t in MAKE.findall(p.read_text()) if t not in known]
     assert not unknown, unknown
+
+
+def slugs(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings (lower case, punctuation but `-` and `_` dropped,
+    spaces to `-`, a repeat numbered), and any `<a id="...">` the page sets itself."""
+    text = page.read_text(encoding="utf-8")
+    seen: dict[str, int] = {}
+    found = set(re.findall(r'<a id="([^"]+)"', text))
+    for heading in HEADING.findall(re.sub(r"(?ms)^```.*?^```", "", text)):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        found.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+        seen[slug] = seen.get(slug, 0) + 1
+    return found
+
+
+def test_every_anchor_a_page_links_names_a_heading() -> None:
+    broken = []
+    for page in PAGES:
+        for target, anchor in ANCHORED.findall(page.read_text(encoding="utf-8")):
+            linked = (page.parent / target) if target else page
+            if linked.is_file() and anchor not in slugs(linked):
+                broken.append(f"{page.relative_to(ROOT)} -> {target}#{anchor}")
+    assert not broken, broken
+
+
+def test_each_page_stays_a_reference_of_readable_length() -> None:
+    long = []
+    for page in PAGES:
+        name = str(page.relative_to(ROOT))
+        lines = len(page.read_text(encoding="utf-8").splitlines())
+        if lines > LONGEST.get(name, 300):
+            long.append(f"{name}: {lines} lines")
+    assert not long, long
