@@ -21,9 +21,9 @@ from app.engine.memory import fix_malloc_thresholds
 from app.engine.runtime import build_runtime
 from app.engine.set_admin import build_admin
 from app.limits import AdminGate, Admission, AdmissionLimit, BodySizeLimit
-from app.metrics import Metrics
 from app.routes import admin, demo, health, metrics, reply, similar
 from app.schemas import BODY_LIMITS
+from app.state import ServiceState
 from index.first_slice import owed
 
 log = logging.getLogger(__name__)
@@ -41,35 +41,32 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         logs.configure(settings.log_level)
         fix_malloc_thresholds()  # before the bundle and the index load: see its docstring
-        app.state.runtime = None  # /readyz says 503 until the loader below is done
-        app.state.draining = False
-        app.state.load_error = None
-        loading = asyncio.create_task(_load(app, settings), name="load-bundle-and-index")
-        loading.add_done_callback(lambda task: _load_done(app, task))
-        restore = _on_sigterm(lambda: setattr(app.state, "draining", True), settings.shutdown_delay_s)
+        service.starting()  # /readyz says 503 until the loader below is done
+        loading = asyncio.create_task(_load(service, settings), name="load-bundle-and-index")
+        loading.add_done_callback(lambda task: _load_done(service, task))
+        restore = _on_sigterm(lambda: setattr(service, "draining", True), settings.shutdown_delay_s)
         try:
             # Serving starts now: /healthz and /readyz answer while the bundle and index load.
             yield
         finally:
-            app.state.draining = True
+            service.draining = True
             restore()
             loading.cancel()
             await asyncio.gather(loading, return_exceptions=True)
-            background = [t for t in getattr(app.state, "followers", ()) if t is not None]
+            background = list(service.background)
             for task in background:
                 task.cancel()
             if background:
                 await asyncio.wait(background, timeout=3)  # shutdown must not hang on Redis
-            if getattr(app.state, "admin", None) is not None:
-                app.state.admin.close()
-            if app.state.runtime is not None:
-                await app.state.runtime.close()
+            if service.admin is not None:
+                service.admin.close()
+            if service.runtime is not None:
+                await service.runtime.close()
 
     app = FastAPI(title="chit-chat reply retrieval", version="0.1.0", lifespan=lifespan)
     errors.install(app)
-    app.state.runtime = app.state.admin = app.state.load_error = None
-    app.state.admission = Admission(settings.max_in_flight)
-    app.state.metrics = Metrics(lambda: (app.state.runtime, app.state.admin), app.state.admission)
+    service = ServiceState(Admission(settings.max_in_flight))
+    app.state.service = service
 
     app.include_router(reply.router)
     app.include_router(similar.router)
@@ -81,7 +78,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Inside the body reader: a request counts against the in-flight limit once its body is in, so
     # slow bodies wait out their deadline without holding a slot.
     app.add_middleware(
-        AdmissionLimit, admission=app.state.admission, paths=ENCODER_ROUTES, max_drain_bytes=max(BODY_LIMITS.values())
+        AdmissionLimit, admission=service.admission, paths=ENCODER_ROUTES, max_drain_bytes=max(BODY_LIMITS.values())
     )
     app.add_middleware(
         BodySizeLimit,
@@ -94,40 +91,40 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     # Between the token check and the body reader: an upload that names an unknown encoder, or whose
     # set is busy, is refused before a byte of its body is read.
-    app.add_middleware(admin.RefuseBeforeBody)
+    app.add_middleware(admin.RefuseBeforeBody, service=service)
     # Outside the size limit, which reads the body: an admin body is read only with the token, a few at a time.
     app.add_middleware(AdminGate, token=settings.admin_token, max_bodies=settings.admin_max_bodies_in_flight)
     # Outermost: it logs and counts 408s, 413s and 429s too.
     app.add_middleware(
         logs.RequestLog,
         enabled=settings.access_log,
-        observe=app.state.metrics.observe,
+        observe=service.metrics.observe,
         static_routes=ENCODER_ROUTES,
     )
     return app
 
 
-async def _load(app: FastAPI, settings: Settings) -> None:
+async def _load(service: ServiceState, settings: Settings) -> None:
     """Loads the bundle and the index (seconds) off the event loop, then the admin side."""
     runtime = await anyio.to_thread.run_sync(build_runtime, settings)
     try:
-        app.state.admin = await anyio.to_thread.run_sync(build_admin, settings, runtime)
+        admin = service.admin = await anyio.to_thread.run_sync(build_admin, settings, runtime)
     except BaseException:
-        await runtime.close()  # never reaches app.state, so the lifespan would not close it
+        await runtime.close()  # never reaches the service state, so the lifespan would not close it
         raise
-    app.state.runtime = runtime
+    service.runtime = runtime
     follower = replicas.Follower(runtime, settings.index_poll_s)
-    app.state.followers = [asyncio.create_task(follower.run(), name="follow-index-pointer")]
+    service.background = [asyncio.create_task(follower.run(), name="follow-index-pointer")]
     if owed(settings.indexes_root) is not None:  # a first slice serves: build the rest behind it
-        app.state.first_build = first_build.Progress()
-        builder = first_build.complete(app.state.admin, app.state.first_build)
-        app.state.followers.append(asyncio.create_task(builder, name="first-build"))
+        service.first_build = first_build.Progress()
+        builder = first_build.complete(admin, service.first_build)
+        service.background.append(asyncio.create_task(builder, name="first-build"))
     if settings.redis_url:
-        listener = replicas.listen(follower, settings.redis_url, app.state.admin.origin)
-        app.state.followers.append(asyncio.create_task(listener, name="index-updates"))
+        listener = replicas.listen(follower, settings.redis_url, admin.origin)
+        service.background.append(asyncio.create_task(listener, name="index-updates"))
 
 
-def _load_done(app: FastAPI, task: asyncio.Task[None]) -> None:
+def _load_done(service: ServiceState, task: asyncio.Task[None]) -> None:
     """Records a load that raised. Expected problems (no index yet, a bundle that
     does not match) are caught inside and reported by the runtime; anything
     else (a corrupt FAISS file, a bug) ends the task, and unobserved, the
@@ -136,7 +133,7 @@ def _load_done(app: FastAPI, task: asyncio.Task[None]) -> None:
         return
     error = task.exception()
     log.error("loading the bundle and index failed; this replica will not become ready", exc_info=error)
-    app.state.load_error = f"{type(error).__name__}: {error}"
+    service.load_error = f"{type(error).__name__}: {error}"
 
 
 def _on_sigterm(callback: Callable[[], None], delay_s: float = 0.0) -> Callable[[], None]:

@@ -78,7 +78,7 @@ AppFactory = Callable[..., AbstractAsyncContextManager[httpx.AsyncClient]]
 async def loaded(app: FastAPI, timeout_s: float = 60) -> None:
     """The lifespan starts serving at once and loads in the background; tests start once it is done."""
     for _ in range(int(timeout_s * 100)):
-        if app.state.runtime is not None:
+        if app.state.service.runtime is not None:
             return
         await asyncio.sleep(0.01)
     raise TimeoutError("the app did not finish loading")

@@ -607,7 +607,7 @@ async def test_a_version_that_raises_on_load_is_logged_and_kept_for_readiness(
     app = create_app(settings_for(own_artifacts))
     async with app.router.lifespan_context(app):
         await loaded(app)
-        assert app.state.load_error is None and app.state.runtime.default.serving is None
+        assert app.state.service.load_error is None and app.state.service.runtime.default.serving is None
         failures = [r for r in caplog.records if r.levelname == "ERROR" and r.name == "app.engine.runtime"]
         assert failures and "RuntimeError" in failures[0].getMessage()
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
@@ -772,7 +772,7 @@ async def test_what_needs_no_body_is_answered_before_the_body_is_read(
     """candidates.md, Candidate sets and Admin: an unknown encoder is 404 naming `encoder`, checked
     before the body is read; an upload is refused with 409 before its body is read while a job holds
     the lock. Both came after the whole body was read: a body that never came got no answer."""
-    admin = admin_client._transport.app.state.admin  # type: ignore[attr-defined]
+    admin = admin_client._transport.app.state.service.admin  # type: ignore[attr-defined]
     holding = admin.default.reindexer.claim("a-running-job")
     try:
         with anyio.fail_after(5):

@@ -263,7 +263,7 @@ async def test_a_reindex_readies_the_filters_the_set_was_serving(tagged: httpx.A
     for rule in ({"tags_any": ["kids"]}, {"tags_none": ["mature"]}):
         assert (await ask(tagged, "hi! how are you?", filter=rule)).status_code == 200
     await upload(tagged, [{"reply": "a new one", "id": "new-1", "tags": ["kids"]}])
-    fresh = tagged._transport.app.state.runtime.current().index  # type: ignore[attr-defined]
+    fresh = tagged._transport.app.state.service.runtime.current().index  # type: ignore[attr-defined]
     kept = fresh.memo.kept()
     assert ("filter", Filter(tags_any=frozenset({"kids"}))) in kept
     assert ("filter", Filter(tags_none=frozenset({"mature"}))) in kept
@@ -279,7 +279,7 @@ async def test_fresh_exclude_ids_compile_no_filter_and_evict_no_copy(tagged: htt
 
     kids = {"tags_any": ["kids"]}
     assert (await ask(tagged, "hi! how are you?", filter=kids)).status_code == 200
-    index = tagged._transport.app.state.runtime.current().index  # type: ignore[attr-defined]
+    index = tagged._transport.app.state.service.runtime.current().index  # type: ignore[attr-defined]
     compiled, copies = index.memo.kept(), index.subsets.kept()
     for i in range(10):
         made_up = [f"no-such-id-{i}-{j}" for j in range(200)]
@@ -305,7 +305,7 @@ async def test_unknown_tags_compile_no_filter_and_evict_no_copy(tagged: httpx.As
 
     kids = {"tags_any": ["kids"]}
     assert (await ask(tagged, "hi! how are you?", filter=kids)).status_code == 200
-    index = tagged._transport.app.state.runtime.current().index  # type: ignore[attr-defined]
+    index = tagged._transport.app.state.service.runtime.current().index  # type: ignore[attr-defined]
     compiled, copies = index.memo.kept(), index.subsets.kept()
     plain = await ask(tagged, "hi! how are you?", strategies=["reply_matching"])
     unfiltered = {c["id"] for c in plain.json()["candidates"]}

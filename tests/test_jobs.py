@@ -245,7 +245,7 @@ async def test_without_redis_a_set_keeps_one_lock_however_often_it_is_found_agai
     (own_artifacts / "sets" / "kids" / "indexes").mkdir(parents=True)
     async with make_client(artifacts_dir=own_artifacts, admin_token=TOKEN) as client:
         app = client._transport.app  # type: ignore[attr-defined]
-        admin, runtime = app.state.admin, app.state.runtime
+        admin, runtime = app.state.service.admin, app.state.service.runtime
         running = admin.of("kids").reindexer.claim("a-running-job")
         try:
             runtime.drop_set("kids")  # the directory was out of sight for one poll ...

@@ -312,7 +312,7 @@ async def test_a_body_that_does_not_arrive_is_408_and_holds_no_in_flight_slot(ma
             ]
             await asyncio.sleep(0.2)  # every slow body is being read
             app = client._transport.app  # type: ignore[attr-defined]
-            assert app.state.admission.in_flight == 0
+            assert app.state.service.admission.in_flight == 0
             answered = await asyncio.wait_for(client.post("/reply", json={"context": ["hi! how are you?"]}), 5)
             assert answered.status_code == 200, answered.text
             similar = await asyncio.wait_for(client.post("/similar", json={"pairs": [["hi", "hello"]]}), 5)

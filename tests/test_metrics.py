@@ -141,7 +141,7 @@ async def test_a_full_encoder_queue_is_a_429_and_counted(artifacts: Path) -> Non
     async with app.router.lifespan_context(app):
         await loaded(app)
         # No room at all: every request that needs the encoder is refused, with no race against a worker.
-        app.state.runtime.encoder_queue.max_pending = 0
+        app.state.service.runtime.encoder_queue.max_pending = 0
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
             refused = await client.post("/reply", json={"context": ["is anyone there?"]})
             samples = await scrape(client)
@@ -156,7 +156,7 @@ async def test_past_the_in_flight_limit_a_request_is_a_429_and_counted(artifacts
     app = create_app(settings_for(artifacts))
     async with app.router.lifespan_context(app):
         await loaded(app)
-        app.state.admission.max_in_flight = 0
+        app.state.service.admission.max_in_flight = 0
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
             refused = await client.post("/reply", json={"context": ["is anyone there?"]})
             health = await client.get("/readyz")  # only the encoder's routes are counted

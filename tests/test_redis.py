@@ -301,7 +301,7 @@ async def test_a_busy_pool_is_waited_for_not_taken_for_a_dead_redis(
     that for a dead Redis, bypassed it for 2 s, and session turns were answered 200 and not stored.
     A busy pool is waited for (within `redis_pool_wait_ms`), and Redis stays up."""
     async with make_client(redis_url=REDIS_URL, redis_pool_wait_ms=3000) as client:
-        runtime = client._transport.app.state.runtime  # type: ignore[attr-defined]
+        runtime = client._transport.app.state.service.runtime  # type: ignore[attr-defined]
         redis_client = runtime.kv.inner.client
         size = redis_client.connection_pool.max_connections
         # Every connection of the pool held by a blocking pop that returns in 0.4 s.
@@ -322,7 +322,7 @@ async def test_a_session_turn_no_connection_came_free_for_is_429_and_redis_stays
     """Past the pool's wait the turn is refused (429, retry), not answered and silently dropped, and
     Redis is not bypassed: the next turn, once a connection is free, is stored."""
     async with make_client(redis_url=REDIS_URL, redis_max_connections=2, redis_pool_wait_ms=100) as client:
-        runtime = client._transport.app.state.runtime  # type: ignore[attr-defined]
+        runtime = client._transport.app.state.service.runtime  # type: ignore[attr-defined]
         redis_client = runtime.kv.inner.client
         held = [asyncio.create_task(redis_client.blpop([f"nothing-{i}"], timeout=0.5)) for i in range(2)]
         await asyncio.sleep(0.1)

@@ -26,7 +26,7 @@ def ready_first(app: Any) -> Callable[..., Any]:
     async def wrapped(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             for _ in range(3000):
-                if getattr(app.state, "runtime", None) is not None:
+                if app.state.service.runtime is not None:
                     break
                 await asyncio.sleep(0.01)
         await app(scope, receive, send)

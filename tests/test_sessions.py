@@ -44,7 +44,7 @@ def store(request: pytest.FixtureRequest, make_client: AppFactory) -> Any:
     async def raw(c: httpx.AsyncClient, session: str) -> list[bytes]:
         if where == "redis":
             return list(state.lrange(f"session:{session}", 0, -1))
-        backend = c._transport.app.state.runtime.sessions.backend  # type: ignore[attr-defined]
+        backend = c._transport.app.state.service.runtime.sessions.backend  # type: ignore[attr-defined]
         return (await backend.read(f"session:{session}"))[0]  # type: ignore[no-any-return]
 
     return client, raw
@@ -64,7 +64,7 @@ async def test_turns_are_stored_as_compact_utf8_and_the_old_escaped_form_still_r
         old = [json.dumps({"role": r, "text": t}).encode() for r, t in [("user", message), ("bot", "잘 자")]]
         clean_redis.rpush("session:s-old", *old)
         clean_redis.set("writes:session:s-old", 1)
-        sessions = client._transport.app.state.runtime.sessions  # type: ignore[attr-defined]
+        sessions = client._transport.app.state.service.runtime.sessions  # type: ignore[attr-defined]
         history = await sessions.history("s-old")
         assert [(t.role, t.text) for t in history.turns] == [("user", message), ("bot", "잘 자")]
         assert (await say(client, "s-old", "내일 봐")).status_code == 200  # and the session goes on

@@ -82,7 +82,7 @@ async def test_one_session_id_sent_to_two_sets_is_two_conversations(two_bots: ht
         body = {"session_id": "shared-id", "message": message, "set": name}
         response = await two_bots.post("/reply", json=body)
         assert response.status_code == 200 and response.json()["session_id"] == "shared-id", response.text
-    sessions = two_bots._transport.app.state.runtime.sessions  # type: ignore[attr-defined]
+    sessions = two_bots._transport.app.state.service.runtime.sessions  # type: ignore[attr-defined]
     english = [t.text for t in (await sessions.history("english/shared-id")).turns]
     korean = [t.text for t in (await sessions.history("korean/shared-id")).turns]
     assert english[0::2] == ["good night", "hi! how are you?"] and korean[0::2] == ["잘 자"]
@@ -149,7 +149,7 @@ async def test_a_set_name_is_checked_before_it_becomes_a_path(two_bots: httpx.As
 
 def two_bots_root(client: httpx.AsyncClient) -> Path:
     app = client._transport.app  # type: ignore[attr-defined]
-    return Path(app.state.runtime.settings.artifacts_dir)
+    return Path(app.state.service.runtime.settings.artifacts_dir)
 
 
 async def test_an_unknown_set_is_a_404_naming_it(two_bots: httpx.AsyncClient) -> None:

@@ -17,15 +17,16 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from app import logs
 from app.auth import admin_refusal
 from app.config import Settings
-from app.deps import RuntimeDep, SettingsDep
+from app.deps import RuntimeDep, ServiceDep, SettingsDep
 from app.engine import describe
 from app.engine.reindex import Busy
 from app.engine.rollback import rollback as roll_back
 from app.engine.runtime import Runtime, UnknownEncoder
 from app.engine.set_admin import Admin, SetAdmin
-from app.engine.sets import DEFAULT_SET, SET_NAME, BadSetName, NoSuchSet, check_set_name
+from app.engine.sets import DEFAULT_SET, SET_NAME, BadSetName, NoSuchSet, NotReady, check_set_name
 from app.engine.versions import previous_version
 from app.errors import COMMON, ApiError, ErrorKind, error_response, responses
+from app.state import ServiceState
 from app.uploads import Mode, OnInvalid, parse_upload, upload_body
 
 ADMIN_ERRORS = (*COMMON, ErrorKind.unauthorized, ErrorKind.not_found, ErrorKind.conflict)
@@ -37,14 +38,16 @@ bearer = HTTPBearer(auto_error=False, description="CHITCHAT_ADMIN_TOKEN")
 
 async def require_admin(  # async: a plain def would cost a thread hand-off (app/deps.py)
     request: Request,
+    service: ServiceDep,
     settings: SettingsDep,
     _: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],  # for the OpenAPI security scheme
 ) -> Admin:
     refusal = admin_refusal(settings.admin_token, request.headers.get("authorization"))
     if refusal is not None:
         raise refusal
-    admin: Admin = request.app.state.admin
-    return admin
+    if service.admin is None:  # set before the runtime, which `settings` waited for
+        raise NotReady("still loading the bundle and the index")
+    return service.admin
 
 
 AdminDep = Annotated[Admin, Depends(require_admin)]
@@ -172,8 +175,9 @@ class RefuseBeforeBody:
     the body reader. Anything it cannot tell (the service still loading, Redis away) it leaves to
     the route."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, service: ServiceState) -> None:
         self.app = app
+        self.service = service
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         upload = (
@@ -181,7 +185,7 @@ class RefuseBeforeBody:
             if scope["type"] == "http" and scope["method"] in ("POST", "PUT")
             else None
         )
-        admin = getattr(scope["app"].state, "admin", None) if upload is not None else None
+        admin = self.service.admin if upload is not None else None
         if upload is not None and admin is not None:
             query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
             encoder = query.get("encoder", [None])[-1]

@@ -3,12 +3,11 @@ first, routes traffic on the second, and people read the third."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from app.deps import RuntimeDep
+from app.deps import RuntimeDep, ServiceDep
 from app.engine import describe
-from app.engine.runtime import Runtime
 from app.engine.sets import DEFAULT_SET
 from app.errors import ErrorKind, responses
 from app.schemas import Health, Info, Readiness, SetQuery
@@ -24,21 +23,20 @@ async def livez() -> Health:
 
 
 @router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
-async def readyz(request: Request) -> JSONResponse:
+async def readyz(service: ServiceDep) -> JSONResponse:
     """Ready when the bundle and an index version of some set are loaded and the server is not
     draining for a shutdown. Each set's version is listed; Redis is reported, not required: as last
     pinged, at most `readyz_redis_cache_s` ago, or as a call since found it (down, bypassed)."""
-    runtime: Runtime | None = request.app.state.runtime
+    runtime = service.runtime
     sets = runtime.sets if runtime is not None and runtime.model is not None else {}
     serving = next((s.serving for s in sets.values() if s.serving is not None), None)
     # Pinged at most once a readyz_redis_cache_s, one ping at a time: a flood of probes, outside the
     # in-flight limit, once took every pooled connection, and the guard read that as Redis down.
     redis = await runtime.kv.readiness(runtime.settings.readyz_redis_cache_s) if runtime is not None else "disabled"
-    draining = bool(request.app.state.draining)
+    draining = service.draining
     problem: str | None
     if runtime is None:
-        load_error = getattr(request.app.state, "load_error", None)
-        problem = f"load failed: {load_error}" if load_error else "loading"
+        problem = f"load failed: {service.load_error}" if service.load_error else "loading"
     elif draining:
         problem = "draining: shutting down"
     elif serving is None:
@@ -58,11 +56,11 @@ async def readyz(request: Request) -> JSONResponse:
 
 
 @router.get("/info", response_model=Info, responses=responses(ErrorKind.not_ready, ErrorKind.not_found))
-async def info(request: Request, runtime: RuntimeDep, set: SetQuery = DEFAULT_SET) -> Info:
+async def info(service: ServiceDep, runtime: RuntimeDep, set: SetQuery = DEFAULT_SET) -> Info:
     """The model, and the index version of set `set` (the default set unless named)."""
     candidates = runtime.candidate_set(set)
     serving = runtime.current(set)
-    building = getattr(request.app.state, "first_build", None)
+    building = service.first_build
     return Info(
         model=describe.model_info(serving, runtime.settings.rerank_by_default),
         index={"set": set, **describe.index_info(serving, candidates.store.versions())},

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
+
+from app.deps import MetricsDep
 
 router = APIRouter(tags=["health"])
 
 
 @router.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
-async def metrics(request: Request) -> Response:
+async def metrics(metrics: MetricsDep) -> Response:
     """Requests, answers by source, the encoder queue, the cache, Redis, reindex jobs, the served version."""
-    return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)

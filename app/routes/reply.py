@@ -3,7 +3,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from app import logs
-from app.deps import RuntimeDep
+from app.deps import MetricsDep, RuntimeDep
 from app.engine import pipeline
 from app.errors import COMMON, ApiError, ErrorKind, responses
 from app.schemas import Candidate, ReplyRequest, ReplyResponse
@@ -22,7 +22,7 @@ def _candidate(hit: Scored) -> Candidate:
 
 
 @router.post("/reply", response_model=ReplyResponse, response_model_exclude_none=True)
-async def reply(body: ReplyRequest, runtime: RuntimeDep, request: Request) -> ReplyResponse:
+async def reply(body: ReplyRequest, runtime: RuntimeDep, metrics: MetricsDep, request: Request) -> ReplyResponse:
     """The best next reply for a conversation: pass `context`, or `session_id` + `message`."""
     options = pipeline.ReplyOptions(
         k=body.k or runtime.settings.default_k,
@@ -51,7 +51,7 @@ async def reply(body: ReplyRequest, runtime: RuntimeDep, request: Request) -> Re
 
         outcome = await pipeline.session_reply(runtime, body.session_id, body.message, options, still_wanted)
     best = outcome.answer.best
-    request.app.state.metrics.answers.labels(best.source).inc()
+    metrics.answers.labels(best.source).inc()
     logs.note(
         request.scope,
         source=best.source,
