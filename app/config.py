@@ -140,13 +140,12 @@ class Settings(BaseSettings):
     # rerank on by default"); neither shipped bundle has one.
     # Off also spares every request the poly outputs, their cache and the rescoring.
     rerank_by_default: bool = False
-    # Query similarity answers on a near copy of a stored query: its threshold is the stored
-    # queries' own p99 neighbour cosine (0.9983 for the release). On, the last turn is encoded
+    # Query similarity answers only on a near copy of a stored query: its threshold is near 1 (or,
+    # as the release's calibration found it worth nothing, above 1). On, the last turn is encoded
     # only when a stored query equals it once normalised, or when a request sets its own query
     # threshold or leaves reply matching out; so most requests encode one text, not two (the last
-    # turn is ~30% of the tokens a /reply encoded). On 3,000 held-out contexts no answer changed
-    # (reply, source or any candidate): all 177 that query similarity gave were exact matches
-    # (`python -m bench.exact_query`, measured on the release bundle).
+    # turn is ~30% of the tokens a /reply encodes). On 3,000 held-out contexts no answer changes
+    # (reply, source or any candidate): `python -m bench.exact_query`, reports/exact_query.md.
     query_similarity_exact_only: bool = True
 
     # After SIGTERM the service keeps serving this long with /readyz at 503, so a load
