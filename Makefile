@@ -22,7 +22,7 @@ JUDGE   := artifacts/bundles/minilm-l6-zeroshot-int8
 ZEROSHOT_E5 := artifacts/bundles/multilingual-e5-small-int8
 
 .PHONY: help install install-train install-test install-dev run serve index first-slice train-e5 train-script eval ood release judge \
-	baselines pack multilingual multilingual-tune multilingual-release bench-encoders bench-lexical run-multilingual test test-service test-training \
+	baselines pack e5-pack train-student multilingual multilingual-tune multilingual-release bench-encoders bench-lexical run-multilingual test test-service test-training \
 	lint format typecheck pytest lock bench bench-profile bench-load bench-precision bench-ann bench-filters bench-cache bench-narrow bench-exact-query bench-reaction-share bench-reindex bench-first-slice bench-index-build bench-encode-spin bench-first-run chaos clean \
 	docker
 
@@ -87,12 +87,32 @@ MINILM_RELEASE := models/release/minilm
 multilingual: $(VENV)/.multilingual  ## multilingual-e5-small + our fine-tuned layers -> int8 bundle, parity-gated
 	$(PY) -m models.multilingual --if-missing --out $(MULTILINGUAL)
 
-# The fine-tune behind those layers (models/multilingual_tune.py's TuneConfig, as tracked): the top 6
-# of 12 layers, 360 steps on the chitchat train pairs with our written and translated Korean every 4th
-# step, no ChatterBot (about 50 min on 2 CPU cores, resumable); then the judge against zero-shot on
-# English and our Korean set. PROMOTE=1 tracks the layers if the gates pass.
-multilingual-tune: $(VENV)/.multilingual  ## fine-tune e5-small's top layers -> artifacts/multilingual-tune
-	$(PY) -m models.multilingual_tune $(if $(DEVICE),--device $(DEVICE))
+# The e5 recipes' input folder (models/e5_pack.py): the package's 4-bit weights under the served
+# vocabulary, the training pairs (chitchat train, PersonaChat, our Korean), broad text with the
+# emotion sets' train splits, half A of the human dev sets. 33 MB; a GPU machine reads only this.
+E5_PACK := artifacts/e5-pack
+e5-pack: $(VENV)/.multilingual  ## the teacher, student and poly recipes' input -> artifacts/e5-pack
+	$(PY) -m models.e5_pack --if-missing --out $(E5_PACK)
+
+# The teacher behind the tracked layers (models/teacher.py's TeacherConfig, as tracked): e5-small's top
+# 6 layers, one pass over the English pairs with a Korean batch every 4th step, batches of 128. A few
+# minutes on a GPU (DEVICE=cuda; models/gpu_e5.sh runs the variants side by side); about 9 hours on 2
+# CPU cores, resumable. Then `make multilingual-release PROMOTE=1` judges it and tracks the layers.
+multilingual-tune: e5-pack  ## train the e5 teacher's top layers -> artifacts/teacher
+	$(PY) -m models.teacher --pack $(E5_PACK) $(if $(DEVICE),--device $(DEVICE))
+
+# The 6-layer student (models/student.py) distilled from the tracked teacher layers, then its poly head
+# (models/poly.py), written as a release folder and built into its int8 bundle. The configs' defaults
+# replay the tracked run's schedule (probed_total); `make train-student` after a new teacher is promoted
+# distils from it. About 2.5 min on a GPU (DEVICE=cuda); hours on the CPU.
+STUDENT_LAYERS := artifacts/student-release
+STUDENT_BUNDLE := artifacts/bundles/multilingual-e5-l6-en-ko-int8
+train-student: e5-pack  ## teacher -> 6-layer student + poly head -> int8 bundle (artifacts/bundles/multilingual-e5-l6-en-ko-int8)
+	$(PY) -m models.student --pack $(E5_PACK) --teacher models/release/multilingual-layers $(if $(DEVICE),--device $(DEVICE))
+	$(PY) -m models.poly --pack $(E5_PACK) --encoder artifacts/student/layers.npz $(if $(DEVICE),--device $(DEVICE))
+	$(PY) -m models.student --release $(STUDENT_LAYERS)
+	$(PY) -m models.multilingual --student $(STUDENT_LAYERS) --out $(STUDENT_BUNDLE)
+	$(PY) -m models.trained_layers $(STUDENT_LAYERS)/layers.npz --release models/release/e5-l6-layers
 
 multilingual-release: $(VENV)/.multilingual  ## judge the fine-tune against zero-shot (PROMOTE=1: track it if it passes)
 	$(PY) -m models.multilingual_release $(if $(PROMOTE),--promote) $(if $(ALPHA),--alpha $(ALPHA))

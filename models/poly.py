@@ -108,6 +108,10 @@ class PolyConfig:
     korean_every: int = 4
     checkpoint_every: int = 500
     seed: int = 0
+    # The step count the shipped run's time budget cut `steps` to (models/loop.py: run_steps), at
+    # the same step: a rebuild follows the shipped schedule on any machine. 0: run `steps`, or
+    # what --budget-s fits.
+    probed_total: int = 165
 
 
 def encoder_model(pack: Pack, layers_path: Path, device: str) -> DualEncoder:
@@ -200,7 +204,9 @@ def train(
     optimizer = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.01)
     stats = run_steps(
         "poly", {"head": head}, optimizer, cfg.steps, cfg.warmup_fraction, batch_loss,
-        out / "checkpoint.pt", cfg.checkpoint_every, budget_s=budget_s,
+        out / "checkpoint.pt", cfg.checkpoint_every,
+        budget_s=float("inf") if cfg.probed_total and budget_s is None else budget_s,
+        probed_total=cfg.probed_total or None,
     )  # fmt: skip
     weight, half_a = choose_weight(model, head, pack, cfg.depth, device)
     print(f"[poly] w = {weight} on half A: {half_a}", file=sys.stderr, flush=True)
@@ -234,7 +240,7 @@ def load_head(path: Path) -> tuple[PolyHead, float]:
         head.codes.data.copy_(codes)
         head.project.weight.data.copy_(torch.from_numpy(archive["project_weight"]))
         head.project.bias.data.copy_(torch.from_numpy(archive["project_bias"]))
-        return head.eval(), float(archive["weight"])
+        return head.eval(), round(float(archive["weight"]), 4)
 
 
 def main() -> None:

