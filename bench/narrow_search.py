@@ -83,6 +83,7 @@ def walks(serving: Serving, turns: list[list[str]], last: Any, joined: Any) -> t
             query_vector=last[i],
             context_vector=joined[i],
             poly_vectors=None,
+            script=retriever.conversation_script(window),
             laps=laps,
         )
         answer = retriever.walk(serving, request)

@@ -55,20 +55,19 @@ class Serving:
     def index_version(self) -> str:
         return self.index.version
 
-    def reaction_script(self, turns: Sequence[str]) -> str | None:
-        """The script a reaction to these turns must be written in, None for no reaction.
+    def reaction_script(self, script: str | None) -> str | None:
+        """The script a reaction must be written in, None for no reaction, given the conversation's
+        script (`conversation_script`, worked out once a request), so "😂" after a Korean line is
+        still Korean. A window with no letters at all (emoji, "?!") gets the script of the bundle's
+        language: Latin for an English bundle, none for a multilingual one, which has no language
+        to assume."""
+        return script or SCRIPT_OF_LANGUAGE.get(self.bundle.language)
 
-        The conversation's script (`conversation_script`), so "😂" after a
-        Korean line is still Korean. A window with no letters at all (emoji,
-        "?!") gets the script of the bundle's language: Latin for an English
-        bundle, none for a multilingual one, which has no language to assume."""
-        return conversation_script(turns) or SCRIPT_OF_LANGUAGE.get(self.bundle.language)
-
-    def uploaded_reactions(self, turns: Sequence[str], rule: Filter | None = None) -> np.ndarray:
-        """[X'] rows of the index version's uploaded reactions written in the conversation's script
-        (and admitted by `rule`)."""
+    def uploaded_reactions(self, script: str | None, rule: Filter | None = None) -> np.ndarray:
+        """[X'] rows of the index version's uploaded reactions written in the script of a conversation
+        written in `script` (and admitted by `rule`)."""
         index = self.index
-        script = self.reaction_script(turns)
+        script = self.reaction_script(script)
         if index.reaction_vectors is None or script is None:
             return np.empty(0, dtype=np.int64)
         rows = []
@@ -80,12 +79,13 @@ class Serving:
             rows.append(i)
         return np.array(rows, dtype=np.int64)
 
-    def classifier_language(self, turns: Sequence[str], rule: Filter | None = None) -> str | None:
-        """The language of the bundle's reactions that the conversation is written in (its script, at least).
-        None also when `rule` asks for tags (the model's reactions carry none) or another language."""
+    def classifier_language(self, script: str | None, rule: Filter | None = None) -> str | None:
+        """The language of the bundle's reactions that a conversation written in `script` is written in
+        (its script, at least). None also when `rule` asks for tags (the model's reactions carry none)
+        or another language."""
         if self.reactions is None or (rule and rule.selects_tags):
             return None
-        script = self.reaction_script(turns)
+        script = self.reaction_script(script)
         if script is None:
             return None
         language = next((lang for lang in self.reactions.languages if SCRIPT_OF_LANGUAGE.get(lang) == script), None)
@@ -93,12 +93,13 @@ class Serving:
             return None
         return language
 
-    def classifier_applies(self, turns: Sequence[str]) -> bool:
-        return self.classifier_language(turns) is not None
+    def classifier_applies(self, script: str | None) -> bool:
+        return self.classifier_language(script) is not None
 
-    def reactions_apply(self, turns: Sequence[str], rule: Filter | None = None) -> bool:
-        """Whether some reaction set fits the conversation: no English reaction in a Korean conversation."""
-        return len(self.uploaded_reactions(turns, rule)) > 0 or self.classifier_language(turns, rule) is not None
+    def reactions_apply(self, script: str | None, rule: Filter | None = None) -> bool:
+        """Whether some reaction set fits a conversation written in `script`: no English reaction in a
+        Korean conversation."""
+        return len(self.uploaded_reactions(script, rule)) > 0 or self.classifier_language(script, rule) is not None
 
     def reaction_sets(self) -> list[ReactionSet]:
         """Every reaction set this snapshot can answer from: the model's, then those uploaded, by language."""
@@ -346,17 +347,18 @@ def reaction(
     context_vector: np.ndarray,
     k: int,
     avoid: Avoid,
-    turns: Sequence[str],
+    script: str | None,
     rule: Filter | None = None,
 ) -> list[Scored]:
-    """The reactions that fit this context best, from a set that speaks its language.
+    """The reactions that fit this context best, from a set that speaks its language (`script`: the
+    conversation's, `conversation_script`).
 
     Reactions uploaded with the candidates come first, nearest to the context
     vector (score: the cosine); else the bundle's classifier (score: the class
     probability), if its language fits. A reaction is no exception to the echo
     rule: "haha" after "haha" says the user's own words back. Reactions are
     candidates too: `rule` filters them as it filters replies."""
-    rows = serving.uploaded_reactions(turns, rule)
+    rows = serving.uploaded_reactions(script, rule)
     index = serving.index
     if len(rows) and index.reaction_vectors is not None:
         scores = index.reaction_vectors[rows] @ context_vector  # [X']
@@ -365,7 +367,7 @@ def reaction(
             Scored(-1, index.reaction_ids[rows[i]], index.reaction_texts[rows[i]], float(scores[i]), "reaction")
             for i in order
         ]
-    elif (language := serving.classifier_language(turns, rule)) is not None and serving.reactions is not None:
+    elif (language := serving.classifier_language(script, rule)) is not None and serving.reactions is not None:
         classifier = serving.reactions
         labels = classifier.labels_in(language)
         hits = [
@@ -397,6 +399,7 @@ class WalkRequest:
     query_vector: np.ndarray | None  # [D] the last turn, when query similarity may answer
     context_vector: np.ndarray | None  # [D] the joined context, when reply matching or a reaction may
     poly_vectors: np.ndarray | None  # [m, D] when reply matching reranks
+    script: str | None  # the window's, `conversation_script(window)`: worked out once a request
     rerank_depth: int = 50
     threshold_given: bool = False  # the request set its own reply-matching threshold: no rolling share
     laps: Laps | None = None  # where the searches, the rerank and the reactions add their seconds
@@ -410,18 +413,17 @@ def walk(serving: Serving, request: WalkRequest) -> Answer | None:
     """`walk_in`, searching only the replies in the conversation's language where the version has one
     (`answer_language`). If every one of them is blocked, the replies in any language may answer: a
     reply beats none, as in `in_script`."""
-    script = conversation_script(request.window)
-    language = answer_language(serving.index, script, request.rule) if request.route_language else None
-    answer = walk_in(serving, request, script, language)
+    language = answer_language(serving.index, request.script, request.rule) if request.route_language else None
+    answer = walk_in(serving, request, language)
     if answer is None and language is not None:
-        answer = walk_in(serving, request, script, None)
+        answer = walk_in(serving, request, None)
     return answer
 
 
-def walk_in(serving: Serving, request: WalkRequest, script: str | None, language: str | None) -> Answer | None:
+def walk_in(serving: Serving, request: WalkRequest, language: str | None) -> Answer | None:
     """The strategies in the fixed order (docs/architecture.md); None when every candidate is blocked.
-    `script`: the conversation's. `language`: search only the replies in it (reactions go by the
-    script already, and by the request's own filter).
+    `language`: search only the replies in it (reactions go by the conversation's script already,
+    and by the request's own filter).
 
     1. query similarity answers if its top cosine reaches its threshold;
     2. reply matching answers if its confidence reaches its threshold, or if
@@ -432,13 +434,13 @@ def walk_in(serving: Serving, request: WalkRequest, script: str | None, language
     If nothing is confident and no later strategy is allowed, the last one
     tried answers anyway: a low-confidence reply beats no reply.
     """
-    k, allowed, thresholds = request.k, request.allowed, request.thresholds
+    k, allowed, thresholds, script = request.k, request.allowed, request.thresholds, request.script
     rule = request.rule or None  # an empty filter admits everything: no selector at all
     searched = replace(rule or Filter(), language=language) if language is not None else rule
     # Tags and language select rows in the search; excluded ids are dropped after it (core/filters.py).
     only = admitted(serving.index, searched) if searched else None
     avoid = replace(request.avoid, ids=request.avoid.ids | rule.exclude_ids) if rule else request.avoid
-    can_react = "reaction" in allowed and serving.reactions_apply(request.window, rule)
+    can_react = "reaction" in allowed and serving.reactions_apply(script, rule)
     query_hits: Callable[[], list[Scored]] | None = None  # the fallback's: rarely needed, so searched only then
     if "query_similarity" in allowed and request.query_vector is not None:
         query_hits = partial(
@@ -476,7 +478,7 @@ def walk_in(serving: Serving, request: WalkRequest, script: str | None, language
                 return Answer(matched[0], matched[:k], reranked, confidence)
     if can_react and vector is not None:
         with lap(request.laps, "reactions"):
-            reactions = reaction(serving, vector, k, avoid, request.window, rule)
+            reactions = reaction(serving, vector, k, avoid, script, rule)
         if reactions:
             # The retrieved replies it passed over are the alternatives worth showing.
             shown = [reactions[0], *matched][:k] if matched else reactions

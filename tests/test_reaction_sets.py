@@ -15,6 +15,7 @@ from app.engine.runtime import build_runtime
 from core.bundle import REACTIONS_FILE, ReactionSpec
 from core.reactions import ReactionClassifier
 from core.retriever import Avoid, ReactionSet, reaction
+from core.retriever import conversation_script as script
 from tests.helpers import AUTH, TOKEN, AppFactory, settings_for, upload
 
 pytestmark = pytest.mark.anyio
@@ -81,11 +82,12 @@ async def test_a_multilingual_bundle_assumes_no_language_for_a_window_without_le
     english = ReactionClassifier(["lol"], np.zeros((1, serving.encoder.dim), np.float32), np.zeros(1, np.float32), "en")
     korean = replace(serving, bundle=replace(serving.bundle, language="mul"), reactions=english)
     assert korean.reaction_sets() == [ReactionSet("model", "en", 1), ReactionSet("upload", "ko", 2)]
-    assert not korean.reactions_apply(["😭", "?!"])
-    assert len(korean.uploaded_reactions(["시험 망했어", "😭"])) == 2 and not korean.classifier_applies(["시험 망했어"])
-    assert korean.classifier_applies(["i failed my exam", "😭"]) and not len(korean.uploaded_reactions(["i failed"]))
+    assert not korean.reactions_apply(script(["😭", "?!"]))
+    hangul, latin = script(["시험 망했어", "😭"]), script(["i failed my exam", "😭"])
+    assert len(korean.uploaded_reactions(hangul)) == 2 and not korean.classifier_applies(script(["시험 망했어"]))
+    assert korean.classifier_applies(latin) and not len(korean.uploaded_reactions(script(["i failed"])))
     # An English bundle reads a window without letters as English.
-    assert replace(korean, bundle=serving.bundle).classifier_applies(["😭"])
+    assert replace(korean, bundle=serving.bundle).classifier_applies(script(["😭"]))
 
 
 async def test_info_lists_every_reaction_set_and_when_the_fallback_answers(korean_client: httpx.AsyncClient) -> None:
@@ -109,9 +111,9 @@ def test_the_bundles_own_classes_answer_in_each_language_they_are_written_in(tmp
     multilingual = replace(serving, bundle=replace(serving.bundle, language="mul"), reactions=classifier)
     vector = np.zeros(dim, np.float32)
     avoid = Avoid.of(["x"])
-    assert [h.text for h in reaction(multilingual, vector, 1, avoid, ["i failed my exam"])] == ["oh no"]
-    assert [h.text for h in reaction(multilingual, vector, 1, avoid, ["나 시험 망했어"])] == ["헐"]
-    assert reaction(multilingual, vector, 1, avoid, ["試験に落ちた"]) == []
+    assert [h.text for h in reaction(multilingual, vector, 1, avoid, script(["i failed my exam"]))] == ["oh no"]
+    assert [h.text for h in reaction(multilingual, vector, 1, avoid, script(["나 시험 망했어"]))] == ["헐"]
+    assert reaction(multilingual, vector, 1, avoid, script(["試験に落ちた"])) == []
     assert multilingual.reaction_sets()[:2] == [ReactionSet("model", "en", 2), ReactionSet("model", "ko", 2)]
     np.savez(tmp_path / REACTIONS_FILE, weight=weight, bias=np.zeros(2, np.float32))
     spec = ReactionSpec(labels=["haha", "oh no"], coverage=0.1, translations={"ko": ["ㅋㅋㅋ"]})

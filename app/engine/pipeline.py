@@ -20,7 +20,7 @@ from core.bundle import BundleManifest, Thresholds
 from core.encoder import Encoder, Side
 from core.filters import Filter
 from core.laps import Laps
-from core.retriever import Answer, Strategy
+from core.retriever import Answer, Serving, Strategy
 from core.text import normalize
 
 log = logging.getLogger(__name__)
@@ -116,8 +116,8 @@ async def embed(
 class ReplyOptions:
     k: int
     strategies: Sequence[Strategy]
-    rerank: bool | None = None  # None: `rerank_by_default`; either way, only where the bundle has a poly head
-    rerank_by_default: bool = False  # Settings.rerank_by_default
+    # Settled by the route (the request's, else Settings.rerank_by_default); only where the bundle has a poly head.
+    rerank: bool = False
     thresholds: dict[str, float] | None = None  # per-request overrides of the bundle's thresholds
     rerank_depth: int = 50  # FAISS hits the poly head rescores
     rule: Filter | None = None  # which candidates may answer: tags, language, ids
@@ -142,36 +142,21 @@ async def reply(runtime: Runtime, turns: Sequence[str], options: ReplyOptions, e
     serving = runtime.current(options.set_name)  # this request's snapshot, start to end
     allowed = options.strategies
     window = list(turns[-serving.bundle.max_context_turns :])  # what the context vector sees
-    asked = options.rerank_by_default if options.rerank is None else options.rerank
+    script = retriever.conversation_script(window)  # once a request: the reactions and the walk read it
     # A bundle without a poly head answers unreranked, and the answer's `reranked` says so: a client
     # that always asks keeps working across bundles (the release has none; /info shows `poly`).
-    rerank = asked and serving.reranker is not None
-    if list(allowed) == ["reaction"] and not serving.reactions_apply(window, options.rule):
+    rerank = options.rerank and serving.reranker is not None
+    if list(allowed) == ["reaction"] and not serving.reactions_apply(script, options.rule):
         if not serving.reaction_sets():
             raise Unsupported("strategies", "this bundle has no reaction set, and none was uploaded")
-        if not serving.reactions_apply(window):
+        if not serving.reactions_apply(script):
             # A valid request that no stored reaction can answer, as with a filter that admits none: a
             # multilingual bundle assumes no language for a window without letters ("0", "😂").
             raise NoCandidates(
                 "no reaction set (the model's, or uploaded) speaks this conversation's language", "strategies"
             )
         raise NoCandidates("no reaction in this conversation's language matches the filter and exclude_ids", "filter")
-    # At the bundle's threshold query similarity answers on a near copy of a stored query, in
-    # practice an exact one (Settings.query_similarity_exact_only), so without one the last turn
-    # is not encoded. At QUERY_SIMILARITY_OFF, above the 1.0 of an exact copy, it never answers:
-    # calibration sets that where it was worth nothing (the release). A request's own threshold,
-    # or no reply matching to fall to, needs the vector.
-    wants_query = "query_similarity" in allowed and (
-        "reply_matching" not in allowed
-        or "query_similarity" in (options.thresholds or {})
-        or (
-            serving.thresholds.query_similarity < QUERY_SIMILARITY_OFF
-            and (
-                not runtime.settings.query_similarity_exact_only
-                or normalize(turns[-1]) in serving.index.query_rows_by_text
-            )
-        )
-    )
+    wants_query = _wants_query(runtime, serving, turns[-1], options)
     wants_context = "reply_matching" in allowed or "reaction" in allowed
     with_poly = rerank and "reply_matching" in allowed  # reactions need no poly vectors
     joined = serving.encoder.join_context(turns)
@@ -190,6 +175,7 @@ async def reply(runtime: Runtime, turns: Sequence[str], options: ReplyOptions, e
         query_vector=vectors[0] if wants_query else None,
         context_vector=vectors[-1] if wants_context else None,
         poly_vectors=poly,
+        script=script,
         rerank_depth=options.rerank_depth,
         threshold_given=bool(options.thresholds and "reply_matching" in options.thresholds),
         laps=laps,
@@ -203,6 +189,24 @@ async def reply(runtime: Runtime, turns: Sequence[str], options: ReplyOptions, e
             raise NoCandidates("no candidate matches the filter and exclude_ids, or every match was excluded", "filter")
         raise NoCandidates("every candidate was excluded")
     return ReplyOutcome(answer, serving.index_version)
+
+
+def _wants_query(runtime: Runtime, serving: Serving, last_turn: str, options: ReplyOptions) -> bool:
+    """Whether the last turn is encoded for query similarity.
+
+    At the bundle's threshold query similarity answers on a near copy of a stored query, in
+    practice an exact one (Settings.query_similarity_exact_only), so without one the last turn
+    is not encoded. At QUERY_SIMILARITY_OFF, above the 1.0 of an exact copy, it never answers:
+    calibration sets that where it was worth nothing (the release). A request's own threshold,
+    or no reply matching to fall to, needs the vector."""
+    allowed = options.strategies
+    if "query_similarity" not in allowed:
+        return False
+    if "reply_matching" not in allowed or "query_similarity" in (options.thresholds or {}):
+        return True
+    if serving.thresholds.query_similarity >= QUERY_SIMILARITY_OFF:
+        return False
+    return not runtime.settings.query_similarity_exact_only or normalize(last_turn) in serving.index.query_rows_by_text
 
 
 # A turn that lost the race to store SESSION_ATTEMPTS times (turns of one session arriving

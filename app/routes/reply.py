@@ -27,8 +27,7 @@ async def reply(body: ReplyRequest, runtime: RuntimeDep, metrics: MetricsDep, re
     options = pipeline.ReplyOptions(
         k=body.k or runtime.settings.default_k,
         strategies=body.strategies or list(STRATEGY_ORDER),
-        rerank=body.rerank,
-        rerank_by_default=runtime.settings.rerank_by_default,
+        rerank=runtime.settings.rerank_by_default if body.rerank is None else body.rerank,
         thresholds=body.thresholds.given() if body.thresholds else None,
         rerank_depth=runtime.settings.rerank_depth,
         rule=body.rule(),
