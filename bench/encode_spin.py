@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.latency import cpu_description
 from bench.reports import write
+from bench.service import cpu_description
 from core.bundle import RELEASE_BUNDLE, open_bundle
 from core.encoder import Encoder
 from index.build import ENCODE_CHUNK, corpus_candidates, tables

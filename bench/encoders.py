@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from bench.latency import cpu_description
 from bench.ood import score, write_rows
 from bench.reports import write
+from bench.service import cpu_description
 from core.bundle import RELEASE_ROOT, TOKENIZER_FILE, open_bundle
 from core.encoder import Encoder
 from index.corpus import load_conversations

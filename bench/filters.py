@@ -38,8 +38,8 @@ import numpy as np
 
 from app.engine.kernels import cpu
 from bench import reports
-from bench.latency import free_port
 from bench.load import ROOT, contexts, start, stop
+from bench.service import free_port
 from core import ann
 from core.bundle import RELEASE_BUNDLE, open_bundle
 from core.encoder import Encoder

@@ -22,7 +22,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -30,15 +29,11 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from bench.service import free_port, wait_ready
+
 ROOT = Path(__file__).resolve().parents[1]
 READY_TIMEOUT_S = 600
 FULL_TIMEOUT_S = 1800  # the full build on a slow CPU without VNNI: ~10 minutes, more under load
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def checkout(target: Path, worktree: bool) -> str:
@@ -64,21 +59,6 @@ def timed(label: str, command: list[str], cwd: Path, env: dict[str, str]) -> flo
     seconds = time.perf_counter() - started
     print(f"[first-run] {label}: {seconds:.1f}s", flush=True)
     return seconds
-
-
-def wait_ready(url: str, server: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"the server exited with {server.returncode} before it was ready")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"{url} not ready after {READY_TIMEOUT_S}s")
 
 
 def post(url: str, body: dict[str, object]) -> dict[str, object]:
@@ -129,7 +109,7 @@ def main() -> None:
         command = ["make", "serve", f"PORT={port}", "HOST=127.0.0.1"]
         server = subprocess.Popen(command, cwd=workdir, env=env, start_new_session=True)
         url = f"http://127.0.0.1:{port}"
-        wait_ready(f"{url}/readyz", server)
+        wait_ready(f"{url}/readyz", server, READY_TIMEOUT_S)
         ready_s = time.perf_counter() - installed
         answer = post(f"{url}/reply", {"context": ["hi! how was your weekend?"]})
         first_reply_s = time.perf_counter() - installed

@@ -30,8 +30,8 @@ from typing import Any
 import faiss
 import numpy as np
 
-from bench.latency import cpu_description
 from bench.reports import write
+from bench.service import cpu_description
 from core import ann
 from core.bundle import RELEASE_BUNDLE, open_bundle
 from core.encoder import Encoder

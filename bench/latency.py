@@ -15,39 +15,15 @@ import argparse
 import asyncio
 import json
 import os
-import random
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import numpy as np
 
-from app.engine.kernels import cpu
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def cpu_description() -> str:
-    """The CPU model, and whether it has VNNI: int8 speed and int8 saturation both depend on it."""
-    found = cpu()  # what the service reports in /info, read the same way
-    return f"{found['model']}, {os.cpu_count()} cores, {'with VNNI' if found['vnni'] else 'no VNNI'}"
-
-
-def test_contexts(n: int, max_turns: int, seed: int = 0) -> list[list[str]]:
-    from index.corpus import load_pairs
-
-    pairs = load_pairs("test", max_turns)
-    rng = random.Random(seed)
-    chosen = rng.sample(pairs, min(n, len(pairs)))
-    # Clients send at most 1000 characters a turn (the API limit).
-    return [[turn[:1000] for turn in p.context] for p in chosen]
+from bench.service import cpu_description as cpu_description  # bench/ood.py and bench/poly.py still import it here
+from bench.service import free_port, start_server, test_contexts, wait_ready
 
 
 async def run(url: str, contexts: list[list[str]], concurrency: int) -> tuple[np.ndarray, float, dict[str, int]]:
@@ -90,37 +66,14 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
 
-    server = None
+    server: subprocess.Popen[bytes] | None = None
     url = args.url
     if url is None:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                "app.main:create_app",
-                "--factory",
-                "--port",
-                str(port),
-                "--no-access-log",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        server = start_server(port, "--no-access-log")
     try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                ready = httpx.get(f"{url}/readyz", timeout=2)
-                if ready.status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.time() > deadline:
-                sys.exit("server did not become ready in 120 s")
-            time.sleep(0.5)
+        wait_ready(f"{url}/readyz", server, every_s=0.5)
         info = httpx.get(f"{url}/info").json()
         model, index = info["model"], info["index"]
         print(f"bundle {model['name']} ({model['layers']} layers, {model['quantization']})")

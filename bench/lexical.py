@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 from scipy import sparse
 
-from bench.latency import cpu_description
 from bench.reports import write
+from bench.service import cpu_description
 from core.bundle import RELEASE_BUNDLE, open_bundle
 from core.encoder import Encoder
 from core.text import normalize

@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from bench.latency import free_port
+from bench.service import free_port
 from core.bundle import RELEASE_BUNDLE, open_bundle
 from core.text import Signature, echoes, normalize
 from index.corpus import load_pairs

@@ -31,10 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from app.config import Settings
-from bench.latency import free_port
+from bench.service import free_port, wait_ready
 from core.bundle import RELEASE_BUNDLE, open_bundle
 from core.store import IndexStore
 from index.corpus import load_pairs
@@ -66,17 +64,8 @@ def start(command: list[str], port: int, env: dict[str, str]) -> tuple[subproces
     """Starts a server; returns it and the seconds until /readyz answered 200."""
     started = time.perf_counter()
     server = subprocess.Popen(command, cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}/readyz"
-    while time.perf_counter() - started < 900:
-        if server.poll() is not None:
-            raise RuntimeError(f"{command} exited with {server.returncode}")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return server, time.perf_counter() - started
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(url)
+    wait_ready(f"http://127.0.0.1:{port}/readyz", server, timeout_s=900, every_s=0.1)
+    return server, time.perf_counter() - started
 
 
 def stop(server: subprocess.Popen[bytes]) -> None:

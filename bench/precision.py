@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.latency import cpu_description, test_contexts
 from bench.reports import write
+from bench.service import cpu_description, test_contexts
 from core.bundle import open_bundle
 from core.encoder import Encoder
 

@@ -33,8 +33,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.engine.kernels import cpu
 from bench import reports
-from bench.latency import free_port
 from bench.load import ROOT, contexts, rss_mb, start, stop, write_bodies, wrk
+from bench.service import free_port
 from core.bundle import RELEASE_BUNDLE, BundleManifest, open_bundle
 from core.store import IndexStore
 

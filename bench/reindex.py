@@ -21,8 +21,6 @@ import asyncio
 import itertools
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,7 +30,7 @@ import httpx
 import numpy as np
 import redis
 
-from bench.latency import free_port, test_contexts
+from bench.service import free_port, start_server, test_contexts, wait_ready
 from core.bundle import RELEASE_BUNDLE, read_manifest
 from core.store import IndexStore
 from index.build import corpus_candidates
@@ -130,20 +128,9 @@ def main() -> None:
         "CHITCHAT_CACHE_LOCAL_ENTRIES": "0",
         "CHITCHAT_CACHE_TTL_S": "1",
     }
-    server = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "app.main:create_app", "--factory", "--port", str(port), "--no-access-log"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    server = start_server(port, "--no-access-log", env=env)
     try:
-        for _ in range(240):
-            try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+        wait_ready(f"{url}/readyz", server, every_s=0.5)
         bundle = httpx.get(f"{url}/info").json()["model"]
         suffix = " (v2)" if args.fresh else ""
         records = [

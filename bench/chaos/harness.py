@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,14 +19,10 @@ import httpx
 import numpy as np
 import redis
 
+from bench.service import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "chaos-admin-token"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for(probe: Any, timeout_s: float, every_s: float = 0.05) -> float:
