@@ -36,6 +36,17 @@ def _client(args: argparse.Namespace) -> ChitchatClient:
     return ChitchatClient(args.url, args.token, timeout=args.timeout)
 
 
+def _shown(call: Callable[[ChitchatClient, argparse.Namespace], BaseModel]) -> Callable[[argparse.Namespace], int]:
+    """A subcommand that makes one client call and prints its result as JSON."""
+
+    def run(args: argparse.Namespace) -> int:
+        with _client(args) as client:
+            _print(call(client, args))
+        return 0
+
+    return run
+
+
 def _reply(args: argparse.Namespace) -> int:
     with _client(args) as client:
         options: dict[str, Any] = {"k": args.k, "strategies": args.strategy, "rerank": args.rerank}
@@ -49,12 +60,6 @@ def _reply(args: argparse.Namespace) -> int:
         else:
             result = client.reply(args.text, **options)
     _print(result)
-    return 0
-
-
-def _similar(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        _print(client.similar(args.text, k=args.k, set_name=args.set))
     return 0
 
 
@@ -115,40 +120,10 @@ def _jobs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _job(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        _print(client.job(args.job_id))
-    return 0
-
-
-def _index(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        _print(client.index(set_name=args.set))
-    return 0
-
-
-def _rollback(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        _print(client.rollback(set_name=args.set))
-    return 0
-
-
-def _sets(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        _print(client.sets())
-    return 0
-
-
 def _delete_set(args: argparse.Namespace) -> int:
     with _client(args) as client:
         client.delete_set(args.name)
     print(json.dumps({"deleted": args.name}))
-    return 0
-
-
-def _info(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        _print(client.info())
     return 0
 
 
@@ -196,6 +171,37 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="chitchat", description=__doc__.splitlines()[0])
+    common = _connection_options(parser)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, run: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, parents=[common], help=help, description=help)
+        sub.set_defaults(run=run)
+        return sub
+
+    _add_serve(commands)
+    per_set = [*_add_queries(command), *_add_admin(command)]
+    for sub in per_set:
+        sub.add_argument("--set", metavar="NAME", help="the candidate set (default: the default set)")
+    command("info", _shown(lambda client, _: client.info()), "the served model and index")
+    ready = command("ready", _ready, "readiness (exit 1 when not ready)")
+    ready.add_argument("--wait", type=float, metavar="SECONDS", help="wait up to this long for the server to be ready")
+
+    # Its options are models.evaluate's (chitchat eval --help shows them): everything after it passes through.
+    evaluate = commands.add_parser(
+        "eval", help="run python -m models.evaluate (needs `make install-train`)", add_help=False
+    )
+    evaluate.set_defaults(run=_eval)
+    return parser
+
+
+Command = Callable[[str, Callable[[argparse.Namespace], int], str], argparse.ArgumentParser]
+
+
+def _connection_options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """--url, --token and --timeout on `parser`, and on the parser it returns, a parent of every client
+    subcommand: accepted before or after the subcommand. After it they default to SUPPRESS: a
+    subparser's default would overwrite a value given before the subcommand."""
     connection: list[tuple[str, Any, Any, str]] = [
         (
             "--url",
@@ -211,19 +217,14 @@ def _parser() -> argparse.ArgumentParser:
         ),
         ("--timeout", float, 10.0, "seconds per request (10)"),
     ]
-    # Accepted before or after the subcommand. After it they default to SUPPRESS: a subparser's default would
-    # overwrite a value given before the subcommand.
     common = argparse.ArgumentParser(add_help=False)
     for flag, kind, default, help_text in connection:
         parser.add_argument(flag, type=kind, default=default, help=help_text)
         common.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=help_text)
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    return common
 
-    def command(name: str, run: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, parents=[common], help=help, description=help)
-        sub.set_defaults(run=run)
-        return sub
 
+def _add_serve(commands: Any) -> None:
     serve = commands.add_parser(
         "serve",
         help="run the service (uvicorn app.main:create_app --factory)",
@@ -234,6 +235,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000)
     serve.set_defaults(run=_serve)
 
+
+def _add_queries(command: Command) -> list[argparse.ArgumentParser]:
+    """reply and similar; returned, as they take --set."""
     reply = command("reply", _reply, "the best next reply to a conversation")
     reply.add_argument("text", nargs="+", metavar="TEXT", help="the turns, oldest first (quote each turn)")
     reply.add_argument("--session", metavar="ID", help="one TEXT, the new message, in this server-side session")
@@ -246,10 +250,18 @@ def _parser() -> argparse.ArgumentParser:
     reply.add_argument("--language", metavar="CODE", help="only candidates uploaded with this language")
     reply.add_argument("--exclude-id", action="append", metavar="ID", help="never answer with this id (repeatable)")
 
-    similar = command("similar", _similar, "the stored queries most similar to TEXT")
+    similar = command(
+        "similar",
+        _shown(lambda client, args: client.similar(args.text, k=args.k, set_name=args.set)),
+        "the stored queries most similar to TEXT",
+    )
     similar.add_argument("text", metavar="TEXT")
     similar.add_argument("-k", type=int, help="matches to return (1-50)")
+    return [reply, similar]
 
+
+def _add_admin(command: Command) -> list[argparse.ArgumentParser]:
+    """The admin subcommands; returned, those that take --set."""
     upload = command("upload", _upload, "upload candidates from a file and reindex")
     upload.add_argument("file", metavar="FILE", help=f"records, streamed ({', '.join(CONTENT_TYPES)})")
     upload.add_argument("--mode", choices=("append", "replace", "delete"), default="append")
@@ -259,27 +271,22 @@ def _parser() -> argparse.ArgumentParser:
     upload.add_argument("--no-wait", action="store_true", help="print the queued job and return")
     upload.add_argument("--no-progress", action="store_true", help="no progress bar while waiting")
 
-    job = command("job", _job, "a reindex job's state")
+    job = command("job", _shown(lambda client, args: client.job(args.job_id)), "a reindex job's state")
     job.add_argument("job_id", metavar="JOB_ID")
     jobs = command("jobs", _jobs, "the most recent reindex jobs, newest first")
     jobs.add_argument("--limit", type=int, default=DEFAULT_JOBS, help=f"at most this many ({DEFAULT_JOBS})")
-    index = command("index", _index, "the serving index version and the versions kept")
-    rollback = command("rollback", _rollback, "serve the previous index version")
-    for sub in (reply, similar, upload, jobs, index, rollback):
-        sub.add_argument("--set", metavar="NAME", help="the candidate set (default: the default set)")
-    command("sets", _sets, "every candidate set: version, counts, index size")
+    index = command(
+        "index",
+        _shown(lambda client, args: client.index(set_name=args.set)),
+        "the serving index version and the versions kept",
+    )
+    rollback = command(
+        "rollback", _shown(lambda client, args: client.rollback(set_name=args.set)), "serve the previous index version"
+    )
+    command("sets", _shown(lambda client, _: client.sets()), "every candidate set: version, counts, index size")
     delete_set = command("delete-set", _delete_set, "remove a candidate set and its index versions")
     delete_set.add_argument("name", metavar="NAME")
-    command("info", _info, "the served model and index")
-    ready = command("ready", _ready, "readiness (exit 1 when not ready)")
-    ready.add_argument("--wait", type=float, metavar="SECONDS", help="wait up to this long for the server to be ready")
-
-    # Its options are models.evaluate's (chitchat eval --help shows them): everything after it passes through.
-    evaluate = commands.add_parser(
-        "eval", help="run python -m models.evaluate (needs `make install-train`)", add_help=False
-    )
-    evaluate.set_defaults(run=_eval)
-    return parser
+    return [upload, jobs, index, rollback]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
