@@ -325,41 +325,9 @@ def _index_and_commit(
     at once, with both earlier indexes, was a reindex's peak: ~500 MB above the serving process at 96k."""
     on_progress("index", 0.0)
     lap = time.perf_counter()
-    # Replies are searched with context vectors: stored turns said as one-turn contexts are the
-    # nearest thing to real ones, to check the graph's recall with and to start the confidences
-    # from (`index/confidence_quantiles.py`, whose sample this is). 500 texts are 0.5% of a full build's
-    # passes but most of an append of a few candidates, which checks with the earlier version's.
-    carried = known.probes() if _small_append(t, known, fresh) else None
-    said = encoder.encode(sampled(t.reply_texts), "context") if carried is None else None  # [S, D]
-    probes = carried if carried is not None else said  # [P, D]
-    reply_vectors = _gather(t.reply_texts, known, fresh)  # [R, D]
-    reply_index, reply_report = ann.build(reply_vectors, "graph", probes=probes)
-    checks = {"reply_self_retrieval": self_retrieval(reply_index, reply_vectors)}
-    confidence_quantiles = _starting_confidences(t, known, fresh, encoder, reply_index, said)
-    if reply_index.d != encoder.dim or reply_index.ntotal != len(t.reply_texts):
-        raise RuntimeError(f"index validation failed: dim {reply_index.d}, rows {reply_index.ntotal}")
-    store.write_index(staging, REPLY_INDEX, reply_index)
-    if probes is not None:
-        store.write_probes(staging, probes)
-    del reply_vectors, reply_index
+    reply_report, checks, confidence_quantiles = _index_replies(t, known, fresh, encoder, store, staging)
     stages["replies"], lap = round(time.perf_counter() - lap, 2), time.perf_counter()
-
-    query_vectors = _gather(t.query_texts, known, fresh)  # [Q, D]
-    fresh.vectors = np.empty((0, encoder.dim), np.float32)  # its rows are in the two indexes now
-    query_index, query_report = (
-        ann.build(query_vectors, "inverted")
-        if len(query_vectors)
-        else (ann.exact(query_vectors), ann.AnnReport("flat", 0, 1.0))
-    )
-    on_progress("validate", 0.0)
-    if len(query_vectors):
-        checks["query_self_retrieval"] = self_retrieval(query_index, query_vectors)
-    failed = {k: v for k, v in checks.items() if v < MIN_SELF_RETRIEVAL}
-    if failed:
-        raise RuntimeError(f"index validation failed: {checks}")
-    profile = {f"query_neighbour_{k}": v for k, v in neighbour_profile(query_index, query_vectors).items()}
-    store.write_index(staging, QUERY_INDEX, query_index)
-    del query_vectors, query_index
+    query_report, profile = _index_queries(t, known, fresh, encoder, store, staging, checks, on_progress)
     stages["queries"], lap = round(time.perf_counter() - lap, 2), time.perf_counter()
 
     on_progress("commit", 0.0)
@@ -389,6 +357,60 @@ def _index_and_commit(
     )
     store.commit(staging, manifest)
     return manifest
+
+
+def _index_replies(
+    t: Tables, known: KnownVectors, fresh: Encoded, encoder: Encoder, store: IndexStore, staging: Path
+) -> tuple[ann.AnnReport, dict[str, float], list[float]]:
+    """The reply side, indexed, checked and written (its vectors dropped on return): its ANN report,
+    the checks so far, and the version's starting confidences."""
+    # Replies are searched with context vectors: stored turns said as one-turn contexts are the
+    # nearest thing to real ones, to check the graph's recall with and to start the confidences
+    # from (`index/confidence_quantiles.py`, whose sample this is). 500 texts are 0.5% of a full build's
+    # passes but most of an append of a few candidates, which checks with the earlier version's.
+    carried = known.probes() if _small_append(t, known, fresh) else None
+    said = encoder.encode(sampled(t.reply_texts), "context") if carried is None else None  # [S, D]
+    probes = carried if carried is not None else said  # [P, D]
+    reply_vectors = _gather(t.reply_texts, known, fresh)  # [R, D]
+    reply_index, reply_report = ann.build(reply_vectors, "graph", probes=probes)
+    checks = {"reply_self_retrieval": self_retrieval(reply_index, reply_vectors)}
+    confidence_quantiles = _starting_confidences(t, known, fresh, encoder, reply_index, said)
+    if reply_index.d != encoder.dim or reply_index.ntotal != len(t.reply_texts):
+        raise RuntimeError(f"index validation failed: dim {reply_index.d}, rows {reply_index.ntotal}")
+    store.write_index(staging, REPLY_INDEX, reply_index)
+    if probes is not None:
+        store.write_probes(staging, probes)
+    return reply_report, checks, confidence_quantiles
+
+
+def _index_queries(
+    t: Tables,
+    known: KnownVectors,
+    fresh: Encoded,
+    encoder: Encoder,
+    store: IndexStore,
+    staging: Path,
+    checks: dict[str, float],
+    on_progress: Callable[[str, float], None],
+) -> tuple[ann.AnnReport, dict[str, float]]:
+    """The query side, indexed, checked with the reply side's `checks` (RuntimeError below the bar)
+    and written: its ANN report and the stored queries' neighbour profile."""
+    query_vectors = _gather(t.query_texts, known, fresh)  # [Q, D]
+    fresh.vectors = np.empty((0, encoder.dim), np.float32)  # its rows are in the two indexes now
+    query_index, query_report = (
+        ann.build(query_vectors, "inverted")
+        if len(query_vectors)
+        else (ann.exact(query_vectors), ann.AnnReport("flat", 0, 1.0))
+    )
+    on_progress("validate", 0.0)
+    if len(query_vectors):
+        checks["query_self_retrieval"] = self_retrieval(query_index, query_vectors)
+    failed = {k: v for k, v in checks.items() if v < MIN_SELF_RETRIEVAL}
+    if failed:
+        raise RuntimeError(f"index validation failed: {checks}")
+    profile = {f"query_neighbour_{k}": v for k, v in neighbour_profile(query_index, query_vectors).items()}
+    store.write_index(staging, QUERY_INDEX, query_index)
+    return query_report, profile
 
 
 def corpus_candidates(max_context_turns: int, path: Path | None = None, language: str | None = None) -> list[Candidate]:
