@@ -43,6 +43,68 @@ def save_atomic(state: dict[str, Any], path: Path) -> None:
         torch.save(state, f)
 
 
+def _resume(
+    name: str, checkpoint: Path, modules: dict[str, nn.Module], optimizer: torch.optim.Optimizer, total_steps: int
+) -> tuple[int, float, list[float], int]:
+    """(step, seconds, losses, total steps) of the run `checkpoint` holds, its modules, optimiser and
+    random state loaded; a fresh start's without one."""
+    if not checkpoint.is_file():
+        return 0, 0.0, [], total_steps
+    state = torch.load(checkpoint, weights_only=False)
+    for key, module in modules.items():
+        module.load_state_dict(state["modules"][key])
+    optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["rng"])
+    total_steps = state.get("total_steps", total_steps)
+    print(f"[{name}] resuming at step {state['step']}/{total_steps}", file=sys.stderr, flush=True)
+    return state["step"], state["seconds"], state["losses"], total_steps
+
+
+def _save(
+    checkpoint: Path,
+    modules: dict[str, nn.Module],
+    optimizer: torch.optim.Optimizer,
+    step: int,
+    seconds: float,
+    losses: list[float],
+    total_steps: int,
+) -> None:
+    state = {
+        "step": step,
+        "seconds": seconds,
+        "losses": losses,
+        "modules": {key: module.state_dict() for key, module in modules.items()},
+        "optimizer": optimizer.state_dict(),
+        "rng": torch.get_rng_state(),
+        "total_steps": total_steps,
+    }
+    save_atomic(state, checkpoint)
+
+
+def _budgeted_total(
+    name: str,
+    step: int,
+    total_steps: int,
+    budget_s: float,
+    probe_s: float,
+    elapsed_s: float,
+    probed_total: int | None,
+) -> int:
+    """The total once the budget probe is done: the steps that fit `budget_s`, from `probe_s` over
+    the `BUDGET_PROBE` steps and the `elapsed_s` so far, or the `probed_total` recorded; never fewer
+    than those taken, never more than `total_steps`."""
+    if probed_total is not None:
+        fits, found = probed_total, "the recorded probe"
+    else:
+        per_step = probe_s / BUDGET_PROBE
+        fits = step + int((budget_s - elapsed_s) / per_step)
+        found = f"{per_step * 1000:.0f} ms a step"
+    if fits >= total_steps:
+        return total_steps
+    print(f"[{name}] {found}: {fits} of {total_steps} steps fit {budget_s:.0f} s", file=sys.stderr, flush=True)
+    return max(step, fits)
+
+
 def run_steps(
     name: str,
     modules: dict[str, nn.Module],
@@ -70,29 +132,8 @@ def run_steps(
     """
     for group in optimizer.param_groups:
         group.setdefault("initial_lr", group["lr"])
-    step, seconds, losses = 0, 0.0, []
-    if checkpoint.is_file():
-        state = torch.load(checkpoint, weights_only=False)
-        for key, module in modules.items():
-            module.load_state_dict(state["modules"][key])
-        optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["rng"])
-        step, seconds, losses = state["step"], state["seconds"], state["losses"]
-        total_steps = state.get("total_steps", total_steps)
-        print(f"[{name}] resuming at step {step}/{total_steps}", file=sys.stderr, flush=True)
+    step, seconds, losses, total_steps = _resume(name, checkpoint, modules, optimizer, total_steps)
     resumed_from = step
-
-    def save() -> None:
-        state = {
-            "step": step,
-            "seconds": seconds + time.perf_counter() - started,
-            "losses": losses,
-            "modules": {key: module.state_dict() for key, module in modules.items()},
-            "optimizer": optimizer.state_dict(),
-            "rng": torch.get_rng_state(),
-            "total_steps": total_steps,
-        }
-        save_atomic(state, checkpoint)
 
     for module in modules.values():
         module.train()
@@ -112,20 +153,15 @@ def run_steps(
         if step == resumed_from + BUDGET_WARMUP:
             probe_started = time.perf_counter()
         if budget_s is not None and step == resumed_from + BUDGET_WARMUP + BUDGET_PROBE:
-            if probed_total is not None:
-                fits, found = probed_total, "the recorded probe"
-            else:
-                per_step = (time.perf_counter() - probe_started) / BUDGET_PROBE
-                fits = step + int((budget_s - (time.perf_counter() - started)) / per_step)
-                found = f"{per_step * 1000:.0f} ms a step"
-            if fits < total_steps:
-                cut = f"{found}: {fits} of {total_steps} steps fit {budget_s:.0f} s"
-                print(f"[{name}] {cut}", file=sys.stderr, flush=True)
-                total_steps = max(step, fits)
-                bar.total = total_steps
+            probe_s = time.perf_counter() - probe_started
+            total_steps = _budgeted_total(
+                name, step, total_steps, budget_s, probe_s, time.perf_counter() - started, probed_total
+            )
+            bar.total = total_steps
         bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
         if step % every == 0 or step == total_steps:
-            save()
+            elapsed = seconds + time.perf_counter() - started
+            _save(checkpoint, modules, optimizer, step, elapsed, losses, total_steps)
     bar.close()
     for module in modules.values():
         module.eval()
