@@ -197,23 +197,7 @@ def markdown(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--duration", type=int, default=20)
-    parser.add_argument("--clients", type=int, nargs="+", default=[1, 32])
-    parser.add_argument(
-        "--bundle", type=Path, default=RELEASE_BUNDLE, help="the bundle to serve (default: the release)"
-    )
-    parser.add_argument("--artifacts", type=Path, default=ROOT / "artifacts", help="holds an index for the bundle")
-    parser.add_argument("--skip-naive", action="store_true")
-    parser.add_argument(
-        "--naive",
-        choices=("all", "minilm", "e5"),
-        default="all",
-        help="which naive services to run: MiniLM's takes minutes to encode its replies the first time",
-    )
-    parser.add_argument("--spin", action="store_true", help="serve with CHITCHAT_ORT_SPIN=1")
-    parser.add_argument("--out", type=Path, default=ROOT / "reports")
-    args = parser.parse_args()
+    args = _arguments()
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed: apt-get install wrk")
     bundle_dir, artifacts = args.bundle.resolve(), args.artifacts.resolve()
@@ -226,19 +210,7 @@ def main() -> None:
             f"python -m index --bundle {bundle_dir} --artifacts {artifacts}"
         )
     print(f"[load] bundle {bundle.name} ({bundle_dir}), index {version}", flush=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CHITCHAT_")}  # no Redis: nothing shared
-    envs = {
-        "project": {
-            **env,
-            "CHITCHAT_BUNDLE_DIR": str(bundle_dir),
-            "CHITCHAT_ARTIFACTS_DIR": str(artifacts),
-            "CHITCHAT_ORT_SPIN": "1" if args.spin else "0",
-        },
-        # The naive service answers from the same index version's replies (its own vectors, cached by model).
-        "naive": {**env, "NAIVE_INDEX_DIR": str(store.path(version)), "NAIVE_CACHE_DIR": str(artifacts / "bench")},
-    }
-    # ... and, for an e5 bundle, the same encoder's weights in PyTorch: like against like.
-    envs["naive-e5"] = {**envs["naive"], "NAIVE_MODEL": "e5"}
+    envs = _environments(bundle_dir, artifacts, store.path(version), args.spin)
     pool = contexts()
     nonce = os.urandom(3).hex()  # a fresh tag per invocation too, should a cache outlive a run
     rows: list[dict[str, Any]] = []
@@ -251,18 +223,7 @@ def main() -> None:
             for i, clients in enumerate(args.clients)
         ]
         # The first requests pay for lazy initialisation: a short unmeasured run on contexts of its own.
-        services = {"project": ["app.main:create_app", "--factory"], "naive": ["bench.naive:app"]}
-        if bundle.query_prefix.startswith("query:"):  # an e5 bundle: its own naive twin too
-            services["naive-e5"] = ["bench.naive:app"]
-        if args.skip_naive:
-            services = {"project": services["project"]}
-        elif args.naive != "all":
-            services = {
-                k: v
-                for k, v in services.items()
-                if k == "project" or k == {"minilm": "naive", "e5": "naive-e5"}[args.naive]
-            }
-        for service, target in services.items():
+        for service, target in _services(bundle.query_prefix.startswith("query:"), args).items():
             port = free_port()
             command = [sys.executable, "-m", "uvicorn", *target, "--host", "127.0.0.1", "--port", str(port)]
             command += ["--no-access-log", "--log-level", "warning"]
@@ -286,6 +247,59 @@ def main() -> None:
     (args.out / "load.json").write_text(json.dumps(report, indent=2) + "\n")
     (args.out / "load.md").write_text(markdown(rows, extra, cores, args.duration, bundle.name, version, args.spin))
     print((args.out / "load.md").read_text())
+
+
+def _arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=int, default=20)
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 32])
+    parser.add_argument(
+        "--bundle", type=Path, default=RELEASE_BUNDLE, help="the bundle to serve (default: the release)"
+    )
+    parser.add_argument("--artifacts", type=Path, default=ROOT / "artifacts", help="holds an index for the bundle")
+    parser.add_argument("--skip-naive", action="store_true")
+    parser.add_argument(
+        "--naive",
+        choices=("all", "minilm", "e5"),
+        default="all",
+        help="which naive services to run: MiniLM's takes minutes to encode its replies the first time",
+    )
+    parser.add_argument("--spin", action="store_true", help="serve with CHITCHAT_ORT_SPIN=1")
+    parser.add_argument("--out", type=Path, default=ROOT / "reports")
+    return parser.parse_args()
+
+
+def _environments(bundle_dir: Path, artifacts: Path, index_dir: Path, spin: bool) -> dict[str, dict[str, str]]:
+    """Each service's environment, by name: this project's, and the naive services' on the same
+    index version (`index_dir`)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHITCHAT_")}  # no Redis: nothing shared
+    envs = {
+        "project": {
+            **env,
+            "CHITCHAT_BUNDLE_DIR": str(bundle_dir),
+            "CHITCHAT_ARTIFACTS_DIR": str(artifacts),
+            "CHITCHAT_ORT_SPIN": "1" if spin else "0",
+        },
+        # The naive service answers from the same index version's replies (its own vectors, cached by model).
+        "naive": {**env, "NAIVE_INDEX_DIR": str(index_dir), "NAIVE_CACHE_DIR": str(artifacts / "bench")},
+    }
+    # ... and, for an e5 bundle, the same encoder's weights in PyTorch: like against like.
+    envs["naive-e5"] = {**envs["naive"], "NAIVE_MODEL": "e5"}
+    return envs
+
+
+def _services(e5: bool, args: argparse.Namespace) -> dict[str, list[str]]:
+    """The services to measure, by name, each with its uvicorn target: this project's, and the naive
+    ones `--skip-naive` and `--naive` leave (an e5 bundle has its own naive twin too)."""
+    services = {"project": ["app.main:create_app", "--factory"], "naive": ["bench.naive:app"]}
+    if e5:
+        services["naive-e5"] = ["bench.naive:app"]
+    if args.skip_naive:
+        return {"project": services["project"]}
+    if args.naive != "all":
+        wanted = {"minilm": "naive", "e5": "naive-e5"}[args.naive]
+        return {k: v for k, v in services.items() if k == "project" or k == wanted}
+    return services
 
 
 if __name__ == "__main__":
