@@ -296,28 +296,7 @@ def write(out: Path, report: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", help="comma-separated scenario numbers")
-    parser.add_argument("--quick", action="store_true", help="shorter loads, for CI")
-    parser.add_argument("--artifacts", type=Path, default=Path("artifacts"), help="holds the release bundle's index")
-    parser.add_argument(
-        "--sample",
-        type=int,
-        default=10_000,
-        help="candidates in the index the reindexing scenarios (3, 4, 8, 15) serve; 0: the full index (default 10000)",
-    )
-    parser.add_argument("--soak-minutes", type=float, help="scenario 15's length (default 3; 1 with --quick)")
-    parser.add_argument(
-        "--correctness-only",
-        action="store_true",
-        help="a missed latency bar is reported, not failed (CI, on a shared machine): correctness still gates",
-    )
-    parser.add_argument("--out", type=Path, default=Path("reports"))
-    parser.add_argument(
-        "--encoders-dir",
-        type=Path,
-        help="scenario 22's services' CHITCHAT_ENCODERS_DIR: the bundles a set may name (default: models/release/)",
-    )
+    parser = _parser()
     args = parser.parse_args()
     chosen = [int(n) for n in args.only.split(",")] if args.only else sorted(SCENARIOS)
     unknown = sorted(set(chosen) - set(SCENARIOS))
@@ -355,24 +334,7 @@ def main() -> None:
         ctx.latency_bars = not args.correctness_only
         try:
             for number in chosen:
-                name, bar, run = SCENARIOS[number]
-                ctx.on_sample = number in ON_SAMPLE
-                print(f"[chaos] {number}. {name} ...", flush=True)
-                t0 = time.perf_counter()
-                try:
-                    figures = run(ctx)
-                except Exception as error:  # a scenario that breaks is a failed scenario, and the suite goes on
-                    figures = {
-                        "error": f"{type(error).__name__}: {error}",
-                        "trace": traceback.format_exc()[-800:],
-                        "pass": False,
-                    }
-                elapsed = time.perf_counter() - t0
-                row = {"id": number, "scenario": name, "bar": bar, **figures, "seconds": round(elapsed, 1)}
-                row.setdefault("index", ctx.index_label())  # every row names the index it ran on
-                verdict = {True: "pass", False: "FAIL", None: "n/a"}[row["pass"]]
-                total = (time.perf_counter() - started) / 60
-                print(f"[chaos] {number}. {verdict} in {elapsed:.1f} s ({total:.1f} min so far): {row}", flush=True)
+                row = _run_scenario(ctx, number, started)
                 report["scenarios"].append(row)
                 report["seconds"] = round(time.perf_counter() - started, 1)
                 write(args.out, report)  # as it goes: a suite cut short still leaves its figures
@@ -384,6 +346,56 @@ def main() -> None:
     print("[chaos] seconds per scenario: " + ", ".join(f"{r['id']}: {r['seconds']}" for r in report["scenarios"]))
     failed = [r["id"] for r in report["scenarios"] if r["pass"] is False]
     raise SystemExit(f"[chaos] failed: {failed}" if failed else 0)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", help="comma-separated scenario numbers")
+    parser.add_argument("--quick", action="store_true", help="shorter loads, for CI")
+    parser.add_argument("--artifacts", type=Path, default=Path("artifacts"), help="holds the release bundle's index")
+    parser.add_argument(
+        "--sample",
+        type=int,
+        default=10_000,
+        help="candidates in the index the reindexing scenarios (3, 4, 8, 15) serve; 0: the full index (default 10000)",
+    )
+    parser.add_argument("--soak-minutes", type=float, help="scenario 15's length (default 3; 1 with --quick)")
+    parser.add_argument(
+        "--correctness-only",
+        action="store_true",
+        help="a missed latency bar is reported, not failed (CI, on a shared machine): correctness still gates",
+    )
+    parser.add_argument("--out", type=Path, default=Path("reports"))
+    parser.add_argument(
+        "--encoders-dir",
+        type=Path,
+        help="scenario 22's services' CHITCHAT_ENCODERS_DIR: the bundles a set may name (default: models/release/)",
+    )
+    return parser
+
+
+def _run_scenario(ctx: Context, number: int, started: float) -> dict[str, Any]:
+    """Scenario `number`'s row: its figures, or the error that broke it (a failed scenario: the suite
+    goes on), and the seconds it took. `started`: the suite's start, for the running total it prints."""
+    name, bar, run = SCENARIOS[number]
+    ctx.on_sample = number in ON_SAMPLE
+    print(f"[chaos] {number}. {name} ...", flush=True)
+    t0 = time.perf_counter()
+    try:
+        figures = run(ctx)
+    except Exception as error:  # a scenario that breaks is a failed scenario, and the suite goes on
+        figures = {
+            "error": f"{type(error).__name__}: {error}",
+            "trace": traceback.format_exc()[-800:],
+            "pass": False,
+        }
+    elapsed = time.perf_counter() - t0
+    row = {"id": number, "scenario": name, "bar": bar, **figures, "seconds": round(elapsed, 1)}
+    row.setdefault("index", ctx.index_label())  # every row names the index it ran on
+    verdict = {True: "pass", False: "FAIL", None: "n/a"}[row["pass"]]
+    total = (time.perf_counter() - started) / 60
+    print(f"[chaos] {number}. {verdict} in {elapsed:.1f} s ({total:.1f} min so far): {row}", flush=True)
+    return row
 
 
 if __name__ == "__main__":
