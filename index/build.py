@@ -325,9 +325,10 @@ def _index_and_commit(
     at once, with both earlier indexes, was a reindex's peak: ~500 MB above the serving process at 96k."""
     on_progress("index", 0.0)
     lap = time.perf_counter()
-    reply_report, checks, confidence_quantiles = _index_replies(t, known, fresh, encoder, store, staging)
+    build = _Build(t, known, fresh, encoder, store, staging)
+    reply_report, checks, confidence_quantiles = _index_replies(build)
     stages["replies"], lap = round(time.perf_counter() - lap, 2), time.perf_counter()
-    query_report, profile = _index_queries(t, known, fresh, encoder, store, staging, checks, on_progress)
+    query_report, profile = _index_queries(build, checks, on_progress)
     stages["queries"], lap = round(time.perf_counter() - lap, 2), time.perf_counter()
 
     on_progress("commit", 0.0)
@@ -359,11 +360,23 @@ def _index_and_commit(
     return manifest
 
 
-def _index_replies(
-    t: Tables, known: KnownVectors, fresh: Encoded, encoder: Encoder, store: IndexStore, staging: Path
-) -> tuple[ann.AnnReport, dict[str, float], list[float]]:
+@dataclass(frozen=True)
+class _Build:
+    """What indexing either side reads: the version's tables, the vectors earlier versions hold and
+    those encoded now, the encoder, and the staging directory of `store` its files go to."""
+
+    t: Tables
+    known: KnownVectors
+    fresh: Encoded
+    encoder: Encoder
+    store: IndexStore
+    staging: Path
+
+
+def _index_replies(build: _Build) -> tuple[ann.AnnReport, dict[str, float], list[float]]:
     """The reply side, indexed, checked and written (its vectors dropped on return): its ANN report,
     the checks so far, and the version's starting confidences."""
+    t, known, fresh, encoder = build.t, build.known, build.fresh, build.encoder
     # Replies are searched with context vectors: stored turns said as one-turn contexts are the
     # nearest thing to real ones, to check the graph's recall with and to start the confidences
     # from (`index/confidence_quantiles.py`, whose sample this is). 500 texts are 0.5% of a full build's
@@ -377,26 +390,19 @@ def _index_replies(
     confidence_quantiles = _starting_confidences(t, known, fresh, encoder, reply_index, said)
     if reply_index.d != encoder.dim or reply_index.ntotal != len(t.reply_texts):
         raise RuntimeError(f"index validation failed: dim {reply_index.d}, rows {reply_index.ntotal}")
-    store.write_index(staging, REPLY_INDEX, reply_index)
+    build.store.write_index(build.staging, REPLY_INDEX, reply_index)
     if probes is not None:
-        store.write_probes(staging, probes)
+        build.store.write_probes(build.staging, probes)
     return reply_report, checks, confidence_quantiles
 
 
 def _index_queries(
-    t: Tables,
-    known: KnownVectors,
-    fresh: Encoded,
-    encoder: Encoder,
-    store: IndexStore,
-    staging: Path,
-    checks: dict[str, float],
-    on_progress: Callable[[str, float], None],
+    build: _Build, checks: dict[str, float], on_progress: Callable[[str, float], None]
 ) -> tuple[ann.AnnReport, dict[str, float]]:
     """The query side, indexed, checked with the reply side's `checks` (RuntimeError below the bar)
     and written: its ANN report and the stored queries' neighbour profile."""
-    query_vectors = _gather(t.query_texts, known, fresh)  # [Q, D]
-    fresh.vectors = np.empty((0, encoder.dim), np.float32)  # its rows are in the two indexes now
+    query_vectors = _gather(build.t.query_texts, build.known, build.fresh)  # [Q, D]
+    build.fresh.vectors = np.empty((0, build.encoder.dim), np.float32)  # its rows are in the two indexes now
     query_index, query_report = (
         ann.build(query_vectors, "inverted")
         if len(query_vectors)
@@ -409,7 +415,7 @@ def _index_queries(
     if failed:
         raise RuntimeError(f"index validation failed: {checks}")
     profile = {f"query_neighbour_{k}": v for k, v in neighbour_profile(query_index, query_vectors).items()}
-    store.write_index(staging, QUERY_INDEX, query_index)
+    build.store.write_index(build.staging, QUERY_INDEX, query_index)
     return query_report, profile
 
 
