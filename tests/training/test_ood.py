@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import asdict
 
 import pytest
 
@@ -108,10 +109,10 @@ def test_no_human_dev_pair_is_a_training_pair_and_halves_are_fixed_and_even() ->
         assert half(data.contexts[0]) == half(tuple(data.contexts[0]))  # a function of the context alone
 
 
-def test_the_shipped_tune_config_reads_no_chatterbot() -> None:
-    from models.multilingual_tune import TuneConfig
-    from models.trained_layers import RELEASE_LAYERS, read_release
+def test_the_teacher_trains_on_no_chatterbot_and_the_tracked_layers_did_not() -> None:
+    from models.teacher import TeacherConfig
+    from models.trained_layers import RELEASE_LAYERS, read_release, saw_chatterbot
 
-    assert TuneConfig().chatterbot is False
+    assert not any("chatterbot" in name for name in asdict(TeacherConfig()))  # no switch to turn it on
     record = read_release(RELEASE_LAYERS)[1]
-    assert record["source"]["config"]["chatterbot"] is False  # what the tracked layers trained on
+    assert not saw_chatterbot(record)  # what the tracked layers trained on

