@@ -13,7 +13,8 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from typing import Any, Literal, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal, Protocol, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.connection import AbstractConnection, BlockingConnectionPool
@@ -23,6 +24,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import MaxConnectionsError, RedisError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 Status = Literal["up", "down", "disabled"]
 HEALTH_CHECK_INTERVAL_S = 10
@@ -305,33 +307,30 @@ class Guarded:
     async def list_read(self, key: str) -> tuple[list[bytes], int]:
         """Raises RedisBusy when no connection came free: a turn answered without its history
         would also be stored after the wrong context."""
-        if self._available():
-            try:
-                return await self.inner.list_read(key)
-            except BUSY as error:
-                self._busy("lrange", error)
-                if isinstance(error, MaxConnectionsError):
-                    raise RedisBusy(str(error)) from error
-                raise
-            except (RedisError, OSError, TimeoutError) as error:
-                self._failed("lrange", error)
-        return [], UNKNOWN
+        return await self._session_call("lrange", lambda: self.inner.list_read(key), ([], UNKNOWN))
 
     async def list_append_if(self, key: str, writes: int, values: list[bytes], keep_last: int, ttl_s: int) -> bool:
         """True also when Redis is away: the turn is lost with the outage, and there is nothing to retry.
         Raises RedisBusy when no connection came free: Redis is there, and the caller must hear the
         turn was not stored."""
+        return await self._session_call(
+            "rpush", lambda: self.inner.list_append_if(key, writes, values, keep_last, ttl_s), True
+        )
+
+    async def _session_call(self, op: str, call: Callable[[], Awaitable[T]], away: T) -> T:
+        """A session read or write: `away` while Redis is bypassed or once it fails; RedisBusy when no
+        pooled connection came free, which a session's caller must hear (a cache call need not)."""
         if self._available():
             try:
-                return await self.inner.list_append_if(key, writes, values, keep_last, ttl_s)
+                return await call()
             except BUSY as error:
-                self._busy("rpush", error)
+                self._busy(op, error)
                 if isinstance(error, MaxConnectionsError):
                     raise RedisBusy(str(error)) from error
                 raise
             except (RedisError, OSError, TimeoutError) as error:
-                self._failed("rpush", error)
-        return True
+                self._failed(op, error)
+        return away
 
     async def ping(self) -> bool:
         """Always asks, even while bypassed: readiness wants the live answer. A busy pool says
