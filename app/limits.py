@@ -21,6 +21,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from pydantic import SecretStr
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -38,6 +39,25 @@ async def _send_error(send: Send, error: ApiError, headers: list[tuple[bytes, by
     ]
     await send({"type": "http.response.start", "status": STATUS[error.kind], "headers": headers})
     await send({"type": "http.response.body", "body": payload})
+
+
+async def _refuse_busy(send: Send, message: str, close: bool) -> None:
+    """429 with a retry-after; `close`: the body is left unread, so the connection closes after it."""
+    headers = [(b"retry-after", b"1"), *([(b"connection", b"close")] if close else [])]
+    await _send_error(send, ApiError(ErrorKind.overloaded, message), headers)
+
+
+class _Counts(Protocol):
+    in_flight: int
+
+
+async def _run_counted(counts: _Counts, app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
+    """The request, counted in `counts.in_flight` while it runs."""
+    counts.in_flight += 1
+    try:
+        await app(scope, receive, send)
+    finally:
+        counts.in_flight -= 1
 
 
 @dataclass
@@ -82,14 +102,10 @@ class AdmissionLimit:
                 if message["type"] != "http.request" or not message.get("more_body", False):
                     complete = True
                     break
-            error = ApiError(ErrorKind.overloaded, f"{admission.in_flight} requests already in flight; retry shortly")
-            await _send_error(send, error, [(b"retry-after", b"1")] + ([] if complete else [(b"connection", b"close")]))
+            busy = f"{admission.in_flight} requests already in flight; retry shortly"
+            await _refuse_busy(send, busy, close=not complete)
             return
-        admission.in_flight += 1
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            admission.in_flight -= 1
+        await _run_counted(admission, self.app, scope, receive, send)
 
 
 class _TooLarge(Exception):
@@ -157,8 +173,7 @@ class BodySizeLimit:
         close = [(b"connection", b"close")]  # what is left of the body is never read
         if bounded and self.max_reading is not None and self.reading >= self.max_reading:
             self.refused += 1
-            busy = ApiError(ErrorKind.overloaded, f"{self.reading} request bodies already being read; retry shortly")
-            await _send_error(send, busy, [(b"retry-after", b"1"), *close])
+            await _refuse_busy(send, f"{self.reading} request bodies already being read; retry shortly", close=True)
             return
         deadline = self.deadline_s if bounded else None
         if bounded:
@@ -214,14 +229,9 @@ class AdminGate:
             await _send_error(send, refusal, [(b"www-authenticate", b"Bearer"), *close])
             return
         if self.in_flight >= self.max_bodies:
-            busy = ApiError(ErrorKind.overloaded, f"{self.in_flight} admin requests already in flight; retry shortly")
-            await _send_error(send, busy, [(b"retry-after", b"1"), *close])
+            await _refuse_busy(send, f"{self.in_flight} admin requests already in flight; retry shortly", close=True)
             return
-        self.in_flight += 1
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self.in_flight -= 1
+        await _run_counted(self, self.app, scope, receive, send)
 
 
 def _admin(path: str) -> bool:
