@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from app.engine.jobs import Job, JobStore, Lock, Renewer, fail_dead
@@ -42,6 +43,16 @@ FINAL_SAVE_S = 120
 
 
 REINDEX_SECONDS = (5, 15, 30, 60, 120, 300, 600)  # the buckets of a job's duration
+
+
+@dataclass(frozen=True)
+class _Work:
+    """What a job was submitted with (`Reindexer.submit`): the uploaded records, each one's line in
+    the upload (for the duplicates report), and whether the job is still wanted."""
+
+    upload: list[Candidate]
+    lines: list[int] | None = None
+    still_wanted: Callable[[], bool] | None = None
 
 
 class Busy(Exception):
@@ -107,7 +118,7 @@ class Reindexer:
             self.jobs.save(job)
             threading.Thread(
                 target=self._run,
-                args=(job, holding, upload, lines, still_wanted),
+                args=(job, holding, _Work(upload, lines, still_wanted)),
                 name=f"reindex-{job.id}",
                 daemon=True,
             ).start()
@@ -128,18 +139,11 @@ class Reindexer:
             log.warning("could not check for interrupted jobs", exc_info=True)
         return holding
 
-    def _run(
-        self,
-        job: Job,
-        holding: Renewer,
-        upload: list[Candidate],
-        lines: list[int] | None = None,
-        still_wanted: Callable[[], bool] | None = None,
-    ) -> None:
+    def _run(self, job: Job, holding: Renewer, work: _Work) -> None:
         lower_this_thread(BACKGROUND)
         try:
             job.state = "running"
-            self._build_and_swap(job, holding, upload, lines, still_wanted)
+            self._build_and_swap(job, holding, work)
             job.state, job.stage, job.progress = "succeeded", "done", 1.0
             log.info("reindex %s: now serving %s", job.id, job.version)
         except Exception as error:
@@ -170,16 +174,9 @@ class Reindexer:
         job.stage, job.progress = stage, round(fraction, 3)
         self.jobs.save(job)
 
-    def _build_and_swap(
-        self,
-        job: Job,
-        holding: Renewer,
-        upload: list[Candidate],
-        lines: list[int] | None = None,
-        still_wanted: Callable[[], bool] | None = None,
-    ) -> None:
+    def _build_and_swap(self, job: Job, holding: Renewer, work: _Work) -> None:
         def check_wanted() -> None:
-            if still_wanted is not None and not still_wanted():
+            if work.still_wanted is not None and not work.still_wanted():
                 raise Superseded("the set moved on (an upload or a rollback came first); nothing was served")
 
         check_wanted()
@@ -190,9 +187,9 @@ class Reindexer:
         job.previous_version = serving.index_version if serving else None
         self._progress(job, "load", 0.0)
         current = self.records_now()
-        merged = apply(current, job.mode, upload)
+        merged = apply(current, job.mode, work.upload)
         if job.mode != "delete":  # only here are the stored records known: the upload alone cannot tell
-            job.report["duplicates"] = duplicates(current, job.mode, upload, merged, lines)
+            job.report["duplicates"] = duplicates(current, job.mode, work.upload, merged, work.lines)
         job.counts.update(candidates_before=len(current), candidates_after=len(merged))
         if not merged:
             raise ValueError("the upload would leave no candidates")
