@@ -5,7 +5,7 @@ for named sets (`/admin/sets/{name}/...`). Every route needs the bearer token.""
 from __future__ import annotations
 
 import re
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Annotated, Any, Literal
 from urllib.parse import parse_qs
 
@@ -67,11 +67,29 @@ EncoderQuery = Annotated[str | None, Query(min_length=1, max_length=64, pattern=
 RequiredEncoder = Annotated[str, Query(min_length=1, max_length=64, pattern=ENCODER_NAME)]
 
 
+@dataclass(frozen=True)
+class Submission:
+    """What every upload route submits through: the request (its body, read once nothing refuses it),
+    the admin side and the settings."""
+
+    request: Request
+    admin: Admin
+    settings: Settings
+
+    async def submit(self, name: str, mode: Mode, on_invalid: OnInvalid, encoder: str | None = None) -> dict[str, Any]:
+        return await _submit(self.request, self.admin, self.settings, name, mode, on_invalid, encoder)
+
+
+async def submission(request: Request, admin: AdminDep, settings: SettingsDep) -> Submission:
+    return Submission(request, admin, settings)
+
+
+SubmissionDep = Annotated[Submission, Depends(submission)]
+
+
 @router.post("/candidates", status_code=202, openapi_extra={"requestBody": upload_body("upsert")})
 async def upload(
-    request: Request,
-    admin: AdminDep,
-    settings: SettingsDep,
+    submission: SubmissionDep,
     mode: Literal["append", "replace"] = "append",
     on_invalid: OnInvalid = "reject",
     encoder: EncoderQuery = None,
@@ -80,22 +98,18 @@ async def upload(
     the default set. Starts a reindex; poll the returned job. `on_invalid=skip` indexes the valid
     records and reports the rest. `encoder`: build with that shipped bundle (`GET /admin/sets` lists
     them); unset, the set keeps its own."""
-    return await _submit(request, admin, settings, DEFAULT_SET, mode, on_invalid, encoder)
+    return await submission.submit(DEFAULT_SET, mode, on_invalid, encoder)
 
 
 @router.post("/candidates/delete", status_code=202, openapi_extra={"requestBody": upload_body("delete")})
-async def delete(
-    request: Request, admin: AdminDep, settings: SettingsDep, on_invalid: OnInvalid = "reject"
-) -> dict[str, Any]:
+async def delete(submission: SubmissionDep, on_invalid: OnInvalid = "reject") -> dict[str, Any]:
     """Deletes candidates of the default set named by {id}, or by a whole record. Starts a reindex."""
-    return await _submit(request, admin, settings, DEFAULT_SET, "delete", on_invalid)
+    return await submission.submit(DEFAULT_SET, "delete", on_invalid)
 
 
 @router.post("/sets/{name}/candidates", status_code=202, openapi_extra={"requestBody": upload_body("upsert")})
 async def upload_to_set(
-    request: Request,
-    admin: AdminDep,
-    settings: SettingsDep,
+    submission: SubmissionDep,
     name: SetNamePath,
     mode: Literal["append", "replace"] = "append",
     on_invalid: OnInvalid = "reject",
@@ -103,20 +117,15 @@ async def upload_to_set(
 ) -> dict[str, Any]:
     """As `POST /admin/candidates`, into set `name`; the first upload creates the set, with `encoder`
     (default: the default encoder)."""
-    return await _submit(request, admin, settings, name, mode, on_invalid, encoder)
+    return await submission.submit(name, mode, on_invalid, encoder)
 
 
 @router.put("/sets/{name}/candidates", status_code=202, openapi_extra={"requestBody": upload_body("upsert")})
 async def replace_set(
-    request: Request,
-    admin: AdminDep,
-    settings: SettingsDep,
-    name: SetNamePath,
-    on_invalid: OnInvalid = "reject",
-    encoder: EncoderQuery = None,
+    submission: SubmissionDep, name: SetNamePath, on_invalid: OnInvalid = "reject", encoder: EncoderQuery = None
 ) -> dict[str, Any]:
     """Set `name`'s candidates become exactly these (mode=replace); the first upload creates the set."""
-    return await _submit(request, admin, settings, name, "replace", on_invalid, encoder)
+    return await submission.submit(name, "replace", on_invalid, encoder)
 
 
 @router.put("/sets/{name}/encoder", status_code=202)
@@ -131,10 +140,10 @@ async def set_encoder(admin: AdminDep, name: SetNamePath, encoder: RequiredEncod
 
 @router.post("/sets/{name}/candidates/delete", status_code=202, openapi_extra={"requestBody": upload_body("delete")})
 async def delete_from_set(
-    request: Request, admin: AdminDep, settings: SettingsDep, name: SetNamePath, on_invalid: OnInvalid = "reject"
+    submission: SubmissionDep, name: SetNamePath, on_invalid: OnInvalid = "reject"
 ) -> dict[str, Any]:
     """As `POST /admin/candidates/delete`, in set `name`."""
-    return await _submit(request, admin, settings, name, "delete", on_invalid)
+    return await submission.submit(name, "delete", on_invalid)
 
 
 def _check_encoder(runtime: Runtime, encoder: str | None) -> None:
