@@ -91,7 +91,7 @@ multilingual: $(VENV)/.multilingual  ## multilingual-e5-small + our fine-tuned l
 # vocabulary, the training pairs (chitchat train, PersonaChat, our Korean), broad text with the
 # emotion sets' train splits, half A of the human dev sets. 33 MB; a GPU machine reads only this.
 E5_PACK := artifacts/e5-pack
-e5-pack: $(VENV)/.multilingual  ## the teacher, student and poly recipes' input -> artifacts/e5-pack
+e5-pack: $(VENV)/.multilingual  ## the teacher and student recipes' input -> artifacts/e5-pack
 	$(PY) -m models.e5_pack --if-missing --out $(E5_PACK)
 
 # The teacher behind the tracked layers (models/teacher.py's TeacherConfig, as tracked): e5-small's top
@@ -101,15 +101,14 @@ e5-pack: $(VENV)/.multilingual  ## the teacher, student and poly recipes' input 
 multilingual-tune: e5-pack  ## train the e5 teacher's top layers -> artifacts/teacher
 	$(PY) -m models.teacher --pack $(E5_PACK) $(if $(DEVICE),--device $(DEVICE))
 
-# The 6-layer student (models/student.py) distilled from the tracked teacher layers, then its poly head
-# (models/poly.py), written as a release folder and built into its int8 bundle. The configs' defaults
-# replay the tracked run's schedule (probed_total); `make train-student` after a new teacher is promoted
-# distils from it. About 2.5 min on a GPU (DEVICE=cuda); hours on the CPU.
+# The 6-layer student (models/student.py) distilled from the tracked teacher layers, written as a
+# release folder and built into its int8 bundle, then held to the tracked student's figures. Its config
+# replays the tracked run's schedule (probed_total); after a new teacher is promoted it distils from
+# that one. About 2.5 min on a GPU (DEVICE=cuda); hours on 2 CPU cores.
 STUDENT_LAYERS := artifacts/student-release
 STUDENT_BUNDLE := artifacts/bundles/multilingual-e5-l6-en-ko-int8
-train-student: e5-pack  ## teacher -> 6-layer student + poly head -> int8 bundle (artifacts/bundles/multilingual-e5-l6-en-ko-int8)
+train-student: e5-pack  ## teacher -> 6-layer student -> int8 bundle (artifacts/bundles/multilingual-e5-l6-en-ko-int8)
 	$(PY) -m models.student --pack $(E5_PACK) --teacher models/release/multilingual-layers $(if $(DEVICE),--device $(DEVICE))
-	$(PY) -m models.poly --pack $(E5_PACK) --encoder artifacts/student/layers.npz $(if $(DEVICE),--device $(DEVICE))
 	$(PY) -m models.student --release $(STUDENT_LAYERS)
 	$(PY) -m models.multilingual --student $(STUDENT_LAYERS) --out $(STUDENT_BUNDLE)
 	$(PY) -m models.trained_layers $(STUDENT_LAYERS)/layers.npz --release models/release/e5-l6-layers

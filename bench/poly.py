@@ -1,12 +1,13 @@
 """Does the poly head earn its place? Reply matching with and without the rerank, through the live API.
 
-    python -m bench.poly --bundle models/release/e5-l6    # -> reports/poly.{md,json}
+    python -m bench.poly --bundle DIR      # a bundle with a poly head -> reports/poly.{md,json}
 
 For each human chit-chat dev set (models/ood.py) every distinct reply is uploaded as the only
-candidates, and each context asks `/reply` with reply matching alone, k = 10, once with
-`"rerank": false` and once with `"rerank": true`, alternating so that both see the same
-machine. R@1 is reported on half A (where the head's weight was chosen, models/poly.py) and
-half B; the p50 is the client's, one request at a time.
+candidates, and each context asks `/reply` with reply matching alone, k = 10, every context
+with `"rerank": false`, then every one with `"rerank": true`. R@1 is reported on half A (where
+the head's weight was chosen) and half B; the p50 is the client's, one request at a time. No
+shipped bundle has a poly head: the one this last judged, and the recipe that trained it, are in
+docs/experiments.md.
 
 The rule the service follows (app/config.py's rerank default, the bundle's manifest):
 - on by default where the rerank gains at least `DEFAULT_GAIN` R@1 on half B of both sets,

@@ -1,9 +1,10 @@
 """Poly-encoder rerank of the FAISS top-k, in numpy (Humeau et al., ICLR 2020).
 
 The context graph outputs m poly vectors; each candidate's stored reply
-vector attends over them to build its own context vector. This must compute
-exactly what `models/poly.py` trains a head for (its `rescore`);
-`tests/test_rerank.py` holds it to the poly-encoder's score written in torch.
+vector attends over them to build its own context vector. `tests/test_rerank.py`
+holds it to the poly-encoder's score written in torch. No shipped bundle has a
+poly head: the one trained for the 6-layer student lost R@1 through the live API
+(docs/experiments.md), so a bundle that brings its own is what this serves.
 """
 
 from __future__ import annotations

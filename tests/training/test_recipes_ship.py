@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from core.bundle import RELEASE_ROOT
-from models.poly import PolyConfig
 from models.script_student import ScriptConfig
 from models.student import StudentConfig
 from models.teacher import TeacherConfig
@@ -40,11 +39,10 @@ def replays(defaults: dict[str, Any], source: dict[str, Any]) -> None:
 @pytest.mark.skipif(
     not (STUDENT_RELEASE / MANIFEST_FILE).is_file(), reason=f"no student release tracked at {STUDENT_RELEASE}"
 )
-def test_the_student_target_trains_the_tracked_student_and_poly_heads_settings() -> None:
+def test_the_student_target_trains_the_tracked_students_settings() -> None:
     source = json.loads((STUDENT_RELEASE / MANIFEST_FILE).read_text())["source"]
     defaults = asdict(StudentConfig())
     replays({**defaults, "keep": list(defaults["keep"])}, source)
-    replays(asdict(PolyConfig()), source["poly"])
 
 
 def test_the_script_target_trains_the_shipped_minilm_rows_settings() -> None:
