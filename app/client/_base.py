@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypedDict, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -23,6 +23,19 @@ Mode = Literal["append", "replace", "delete"]
 Records = Iterable[Mapping[str, Any]]
 Source = str | os.PathLike[str] | Records  # a file to stream, or the records themselves
 TimeoutLike = float | httpx.Timeout
+
+
+class UploadOptions(TypedDict, total=False):
+    """`upload_candidates`' keyword options but `wait`, on which its overloads differ."""
+
+    on_invalid: str | None
+    progress: bool
+    poll_interval: float
+    wait_timeout: float | None
+    content_type: str | None
+    set_name: str | None
+    encoder: str | None
+
 
 DEFAULT_TIMEOUT = 10.0
 # The server reads, parses and validates a whole upload (up to 32 MiB, 200k records) before it answers 202.

@@ -1,16 +1,20 @@
-"""The blocking client."""
+"""The blocking client.
+
+It and `_async.py` are a deliberate sync/async pair: the same calls, line for line, with and without
+`await`. What they share that need not be written twice (requests, retries, parsing, streaming) is in
+`_base.py`; a change to one is made to the other."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Literal, Self, overload
+from typing import Any, Literal, Self, Unpack, overload
 
 import httpx
 
 from app.client import _base, errors
-from app.client._base import Call, Mode, Source, TimeoutLike
+from app.client._base import Call, Mode, Source, TimeoutLike, UploadOptions
 from app.client.errors import ChitchatError, ConnectionFailed, NotReady
 from app.client.models import (
     Health,
@@ -160,50 +164,17 @@ class ChitchatClient:
 
     @overload
     def upload_candidates(
-        self,
-        source: Source,
-        mode: Mode = ...,
-        *,
-        on_invalid: str | None = ...,
-        wait: Literal[True] = ...,
-        progress: bool = ...,
-        poll_interval: float = ...,
-        wait_timeout: float | None = ...,
-        content_type: str | None = ...,
-        set_name: str | None = ...,
-        encoder: str | None = ...,
+        self, source: Source, mode: Mode = ..., *, wait: Literal[True] = ..., **options: Unpack[UploadOptions]
     ) -> Job: ...
 
     @overload
     def upload_candidates(
-        self,
-        source: Source,
-        mode: Mode = ...,
-        *,
-        on_invalid: str | None = ...,
-        wait: Literal[False],
-        progress: bool = ...,
-        poll_interval: float = ...,
-        wait_timeout: float | None = ...,
-        content_type: str | None = ...,
-        set_name: str | None = ...,
-        encoder: str | None = ...,
+        self, source: Source, mode: Mode = ..., *, wait: Literal[False], **options: Unpack[UploadOptions]
     ) -> UploadAccepted: ...
 
     @overload
     def upload_candidates(
-        self,
-        source: Source,
-        mode: Mode = ...,
-        *,
-        on_invalid: str | None = ...,
-        wait: bool,
-        progress: bool = ...,
-        poll_interval: float = ...,
-        wait_timeout: float | None = ...,
-        content_type: str | None = ...,
-        set_name: str | None = ...,
-        encoder: str | None = ...,
+        self, source: Source, mode: Mode = ..., *, wait: bool, **options: Unpack[UploadOptions]
     ) -> Job | UploadAccepted: ...
 
     def upload_candidates(
