@@ -8,68 +8,12 @@ It imports nothing from the server: only the standard library, httpx, pydantic a
         print(chitchat.reply(["hi! how are you?"]).reply)
 """
 
+from app.client import errors, models
 from app.client._async import AsyncChitchatClient
 from app.client._sync import ChitchatClient
-from app.client.errors import (
-    ChitchatError,
-    Conflict,
-    ConnectionFailed,
-    InternalError,
-    MethodNotAllowed,
-    NoCandidate,
-    NotFound,
-    NotReady,
-    Overloaded,
-    PayloadTooLarge,
-    Unauthorized,
-    UnexpectedResponse,
-    ValidationError,
-)
-from app.client.models import (
-    Candidate,
-    Health,
-    IndexInfo,
-    Info,
-    Job,
-    JobList,
-    Readiness,
-    ReplyResult,
-    RollbackResult,
-    SetInfo,
-    SetList,
-    SimilarMatch,
-    SimilarResult,
-    UploadAccepted,
-)
+from app.client.errors import *  # noqa: F403  (errors.__all__: the exceptions)
+from app.client.models import *  # noqa: F403  (models.__all__: the response models)
 
-__all__ = [
-    "AsyncChitchatClient",
-    "Candidate",
-    "ChitchatClient",
-    "ChitchatError",
-    "Conflict",
-    "ConnectionFailed",
-    "Health",
-    "IndexInfo",
-    "Info",
-    "InternalError",
-    "Job",
-    "JobList",
-    "MethodNotAllowed",
-    "NoCandidate",
-    "NotFound",
-    "NotReady",
-    "Overloaded",
-    "PayloadTooLarge",
-    "Readiness",
-    "ReplyResult",
-    "RollbackResult",
-    "SetInfo",
-    "SetList",
-    "SimilarMatch",
-    "SimilarResult",
-    "Unauthorized",
-    "UnexpectedResponse",
-    "UploadAccepted",
-    "ValidationError",
-]
+__all__ = ["AsyncChitchatClient", "ChitchatClient"]
+__all__ += errors.__all__
+__all__ += models.__all__

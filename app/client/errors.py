@@ -28,9 +28,7 @@ __all__ = [
     "Unauthorized",
     "UnexpectedResponse",
     "ValidationError",
-    "from_response",
-    "retry_after",
-]
+]  # the exceptions, which app.client exports; from_response and retry_after are the clients' own
 
 _MAX_TEXT = 300  # of a non-JSON error body quoted in a message
 

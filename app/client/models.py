@@ -12,7 +12,6 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
-    "ACTIVE_STATES",
     "Candidate",
     "Health",
     "IndexInfo",
