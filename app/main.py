@@ -44,12 +44,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         service.starting()  # /readyz says 503 until the loader below is done
         loading = asyncio.create_task(_load(service, settings), name="load-bundle-and-index")
         loading.add_done_callback(lambda task: _load_done(service, task))
-        restore = _on_sigterm(lambda: setattr(service, "draining", True), settings.shutdown_delay_s)
+        restore = _on_sigterm(service.drain, settings.shutdown_delay_s)
         try:
             # Serving starts now: /healthz and /readyz answer while the bundle and index load.
             yield
         finally:
-            service.draining = True
+            service.drain()
             restore()
             loading.cancel()
             await asyncio.gather(loading, return_exceptions=True)

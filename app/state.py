@@ -31,6 +31,10 @@ class ServiceState:
     def __post_init__(self) -> None:
         self.metrics = Metrics(lambda: (self.runtime, self.admin), self.admission)
 
+    def drain(self) -> None:
+        """SIGTERM came, or the lifespan is ending: not ready from now on."""
+        self.draining = True
+
     def starting(self) -> None:
         """As a lifespan starts: nothing loaded, nothing failed, not draining."""
         self.runtime = self.load_error = None
