@@ -23,7 +23,7 @@ ZEROSHOT_E5 := artifacts/bundles/multilingual-e5-small-int8
 
 .PHONY: help install install-train install-test install-dev run serve index first-slice train-e5 train-script eval ood release judge \
 	baselines pack e5-pack train-student multilingual multilingual-tune multilingual-release bench-encoders bench-lexical run-multilingual test test-service test-training \
-	lint format typecheck pytest lock bench bench-profile bench-load bench-precision bench-ann bench-filters bench-cache bench-narrow bench-exact-query bench-reaction-share bench-reindex bench-first-slice bench-index-build bench-encode-spin bench-first-run chaos clean \
+	lint format typecheck pytest lock bench bench-profile bench-load bench-precision bench-ann bench-filters bench-cache bench-narrow bench-exact-query bench-reaction-share bench-reactions train-reactions bench-reindex bench-first-slice bench-index-build bench-encode-spin bench-first-run chaos clean \
 	docker
 
 help:
@@ -159,6 +159,7 @@ eval: judge  ## 1-of-100 report on held-out conversations -> reports/eval.{md,js
 # rows are what `make release` gates on.
 bench-encoders: baselines  ## every candidate encoder -> reports/encoders.{md,json} and reports/ood.{md,json}
 	$(PY) -m models.multilingual --trim --if-missing
+	$(PY) -m models.multilingual --student models/release/e5-l6-layers --if-missing --out $(STUDENT_BUNDLE)
 	$(PY) -m bench.encoders
 ood: bench-encoders
 
@@ -243,6 +244,14 @@ bench-exact-query: install index  ## answers with the last turn encoded only on 
 
 bench-reaction-share: install index  ## where the reaction share starts on a new candidate set -> reports/reaction_share.{md,json}
 	$(PY) -m bench.reaction_share
+
+# The reaction head of any bundle (docs/reactions.md): trained on the emotion sets in ../shared/data,
+# written into BUNDLE (its checksum changes, its encoder does not); then the gate on it.
+BUNDLE ?= models/release/e5
+train-reactions: install-train  ## the reaction head for BUNDLE -> BUNDLE/reactions.npz and its manifest (a few minutes)
+	$(PY) -m models.reactions --bundle $(BUNDLE)
+bench-reactions: install-train  ## the reaction gate on BUNDLE -> reports/reactions.{md,json}
+	$(PY) -m bench.reactions --bundle $(BUNDLE)
 
 chaos: install-dev index  ## faults, overload and hostile input -> reports/chaos.{md,json} (about 26 min)
 	$(PY) -m bench.chaos

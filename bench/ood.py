@@ -38,8 +38,8 @@ import httpx
 import numpy as np
 from scipy.stats import spearmanr
 
-from bench.latency import cpu_description, free_port
 from bench.live_eval import wait
+from bench.service import cpu_description, free_port
 from core.bundle import RELEASE_BUNDLE, open_bundle
 from models.ood import ReplySet, available_human, available_sts, chatterbot_set, human_set, sts_set
 from models.reaction_classes import REACTION_CLASSES
@@ -93,14 +93,18 @@ def reply_figures(
     first = np.zeros(len(data.contexts), dtype=bool)  # [C]
     top10 = np.zeros(len(data.contexts), dtype=bool)  # [C]
     seconds = np.zeros(len(data.contexts))  # [C]
-    reacted = 0
+    reacted = no_answer = 0
     for i, context in enumerate(data.contexts):
         body: dict[str, Any] = {"context": list(context), "k": 10, "strategies": ["reply_matching"]}
         if rerank is not None:
             body["rerank"] = rerank
         started = time.perf_counter()
-        answer = client.post("/reply", json=body).raise_for_status().json()
+        response = client.post("/reply", json=body)
         seconds[i] = time.perf_counter() - started
+        if response.status_code == 404 and response.json()["error"]["kind"] == "no_candidate":
+            no_answer += 1  # the service found nothing to say: a miss, counted apart
+            continue
+        answer = response.raise_for_status().json()
         first[i] = data.hit(i, answer["reply"])
         top10[i] = any(data.hit(i, c["text"]) for c in answer["candidates"])
         if reactions:
@@ -119,6 +123,8 @@ def reply_figures(
         figures["reaction_share"] = round(reacted / len(data.contexts), 4)
     if rerank is not None:
         figures["p50_ms"] = round(float(np.median(seconds)) * 1000, 2)
+    if no_answer:
+        figures["no_candidate"] = no_answer
     return {**figures, "contexts": len(data.contexts), "candidates": len(data.replies)}
 
 

@@ -23,9 +23,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.latency import cpu_description
 from bench.ood import reply_figures, service, upload
 from bench.reports import write
+from bench.service import cpu_description
 from core.bundle import open_bundle
 from models.ood import available_human, human_set
 
