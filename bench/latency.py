@@ -22,7 +22,6 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from bench.service import cpu_description as cpu_description  # bench/ood.py and bench/poly.py still import it here
 from bench.service import free_port, start_server, test_contexts, wait_ready
 
 
