@@ -152,7 +152,12 @@ def test_a_service_killed_during_the_build_behind_the_slice_resumes_it_after_a_r
     shutil.copytree(bundle_of(artifacts), bundle)
     corpus = tiny_corpus(tmp_path / "corpus.json", conversations=60_000)  # long enough to be caught mid-encode
     index_main(["--artifacts", str(own), "--bundle", str(bundle), "--corpus", str(corpus), "--first-slice", "3"])
-    env = {"CHITCHAT_BUNDLE_DIR": str(bundle), "CHITCHAT_ENCODERS_DIR": str(own / "bundles")}
+    # At info: the resumed build says, in a log record, how many texts it took from the killed one's chunks.
+    env = {
+        "CHITCHAT_BUNDLE_DIR": str(bundle),
+        "CHITCHAT_ENCODERS_DIR": str(own / "bundles"),
+        "CHITCHAT_LOG_LEVEL": "info",
+    }
     service = Service(own, None, env)
     chunks = own / "cache" / "encode"
     statuses: list[int] = []
