@@ -226,18 +226,25 @@ def _languages_by_script(index: IndexVersion) -> dict[str, tuple[str, ...]]:
     return by_script
 
 
-def in_script(hits: list[Scored], script: str | None) -> list[Scored]:
-    """The hits written in the conversation's script (or in none: "😂"), if there are any.
+def in_script(hits: list[Scored], script: str | None, avoid: Avoid | None = None) -> list[Scored]:
+    """The hits written in the conversation's script (or in none: "😂"), if there are any that `avoid`
+    lets through.
 
     A multilingual encoder puts a Korean turn near its English translation, so
     with candidates in both languages a Korean conversation could be answered
-    in English. With no hit in its script (an English-only candidate set), the
-    best hits answer as they are."""
+    in English. With no such hit in its script (an English-only candidate set, or
+    a turn like "electric sheep을 꿨습니다." whose only Latin hit is its own echo),
+    the best hits answer as they are."""
     if script is None:
         return hits
     # An ASCII reply is Latin or letterless: no character-by-character look on the common path.
     latin = script == "Latin"
-    same = [h for h in hits if (latin and h.text.isascii()) or script_of([h.text]) in (script, None)]
+    same = [
+        h
+        for h in hits
+        if ((latin and h.text.isascii()) or script_of([h.text]) in (script, None))
+        and (avoid is None or not avoid.blocks(h.text, h.id))
+    ]
     return same or hits
 
 
@@ -300,7 +307,7 @@ def _query_hits(
         hits.append(
             Scored(reply_row, index.reply_ids[reply_row], index.reply_texts[reply_row], score, "query_similarity")
         )
-    return in_script(hits, script)
+    return in_script(hits, script, avoid)
 
 
 def reply_matching(
@@ -339,7 +346,7 @@ def reply_matching(
         Scored(row, index.reply_ids[row], index.reply_texts[row], score, "reply_matching")
         for score, row in zip(scores.tolist(), rows.tolist(), strict=True)
     ]
-    return distinct(in_script(hits, script), wanted, avoid)
+    return distinct(in_script(hits, script, avoid), wanted, avoid)
 
 
 def reaction(

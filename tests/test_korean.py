@@ -202,3 +202,20 @@ async def test_make_run_serves_korean_beside_english_from_the_first_slice(
             assert body["reply"] in korean, body
         body = await client.post("/reply", json={"context": ["hello number 7"], "strategies": ["reply_matching"]})
         assert script_of([body.json()["reply"]]) == "Latin", body.json()
+
+
+def test_a_turn_whose_only_hit_in_its_script_is_its_own_echo_is_answered_in_another() -> None:
+    """A mixed turn ("electric sheep을 꿨습니다.") reads as Latin; when the only Latin reply is that turn
+    said back, which no answer may be, the Korean hits answer rather than nothing (a 404 before)."""
+    from core.retriever import Avoid, Scored, distinct, in_script
+    from core.text import script_of
+
+    window = ["너가 꾼 꿈을 말해봐", "electric sheep을 꿨습니다."]
+    assert script_of(window[-1:]) == "Latin"
+    hits = [
+        Scored(0, "a", "electric sheep을 꿨습니다.", 0.9, "reply_matching"),
+        Scored(1, "b", "부자가 되는 꿈을 꿨습니다.", 0.8, "reply_matching"),
+    ]
+    avoid = Avoid.of(window)
+    assert distinct(in_script(hits, "Latin"), 10, avoid) == []  # what reply matching kept before
+    assert [h.text for h in distinct(in_script(hits, "Latin", avoid), 10, avoid)] == ["부자가 되는 꿈을 꿨습니다."]
