@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -126,7 +127,7 @@ def timed(bundle: Path, data: EvalSet, build_texts: list[str]) -> dict[str, Any]
     return {"bytes": bundle_bytes(bundle), **speed(Encoder(bundle, manifest), data, build_texts)}
 
 
-def candidate(bundle: Path, label: str, data: EvalSet) -> dict[str, Any]:
+def candidate(bundle: Path, label: str, data: EvalSet, chatterbot: bool = True) -> dict[str, Any]:
     """What a bundle answers: chitchat test in process, every other set through the live API."""
     manifest = open_bundle(bundle)
     source, licence = CANDIDATES.get(bundle.name, (manifest.model_id, "see the manifest"))
@@ -142,7 +143,7 @@ def candidate(bundle: Path, label: str, data: EvalSet) -> dict[str, Any]:
         "pieces": Tokenizer.from_file(str(bundle / TOKENIZER_FILE)).get_vocab_size(),
         "sets": {"chitchat_test": chitchat_test(Encoder(bundle, manifest), data)},
     }
-    flat = score(bundle, label)
+    flat = score(bundle, label, chatterbot=chatterbot)
     for r in flat:
         row["trained_on_chatterbot"] = r["trained_on_chatterbot"]
         row["sets"][r["set"]] = {k: v for k, v in r.items() if k not in ("model", "bundle", "checksum", "cpu")}
@@ -257,6 +258,7 @@ def main() -> None:
         help="rerun nothing: take each candidate's labelled-reaction rows from OUT's ood.json "
         "(`python -m bench.ood --reactions-only`) and write the report again",
     )
+    parser.add_argument("--no-chatterbot", action="store_true", help="skip scoring chatterbot-corpus (a floor)")
     args = parser.parse_args()
     if args.refresh_reactions:
         refresh_reactions(args.out)
@@ -272,14 +274,14 @@ def main() -> None:
     rows = []
     for (bundle, label), cost in zip(bundles, costs, strict=True):
         started = time.perf_counter()
-        rows.append({**candidate(bundle, label or open_bundle(bundle).name, data), **cost})
+        rows.append({**candidate(bundle, label or open_bundle(bundle).name, data, not args.no_chatterbot), **cost})
         print(f"[encoders] {bundle}: {time.perf_counter() - started:.0f}s", flush=True)
     cpu = cpu_description()
     choice = choose(rows)
     # The same rows as `python -m bench.ood` writes: what models/release.py gates a candidate on.
     ood = [r for row in rows for r in row.pop("ood_rows")]
     write_rows(ood, args.out.parent)
-    report = {"cpu": cpu, "command": "python -m bench.encoders", "choice": choice, "candidates": rows}
+    report = {"cpu": cpu, "command": "python -m bench.encoders " + " ".join(sys.argv[1:]), "choice": choice, "candidates": rows}
     write(args.out, report, markdown(rows, choice, cpu))
 
 
