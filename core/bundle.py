@@ -67,7 +67,7 @@ class PolySpec:
 
 @dataclass
 class ReactionSpec:
-    """A linear classifier over the context vector; weights in REACTIONS_FILE."""
+    """A classifier over the context vector (linear, or one hidden layer) and its gates; weights in REACTIONS_FILE."""
 
     labels: list[str]  # the text served for each class
     coverage: float  # share of train replies that fall in one of these classes
@@ -82,6 +82,17 @@ class ReactionSpec:
     # context vectors, taken with the bundle's own encoder when it loads.
     axes: dict[str, list[list[str]]] = field(default_factory=dict)
     stance_margin: float = 0.0
+    # axis -> the lean a class needs on it, in the axis's own units (a learned axis: log-odds);
+    # an axis not named here needs `stance_margin`. A learned axis ships in REACTIONS_FILE.
+    margins: dict[str, float] = field(default_factory=dict)
+    # [C] the probability at or above which a class is sure enough to answer; [] every class is.
+    floors: list[float] = field(default_factory=list)
+    # axis pole ("valence-") -> a lean toward it (the axis's units) at or past which a turn is answered
+    # only by the classes that take that side and the fallback: no "good luck!" to bad news.
+    guards: dict[str, float] = field(default_factory=dict)
+    # The class that answers when no class is sure (a reaction that fits almost anything, "oh I
+    # see"); -1: none, every allowed class answers in order of probability.
+    fallback: int = -1
 
 
 @dataclass
