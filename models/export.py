@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,6 @@ from core.bundle import (
 )
 from core.encoder import OUTPUT_NAMES, POLY_OUTPUT, Encoder
 from core.files import staged_dir
-from models.dataset import TrainPairs
 from models.encoder import DualEncoder, load_pretrained, minilm_path
 from models.fusion import fuse_bert
 from models.reactions import ReactionModel
@@ -204,15 +203,6 @@ def export_bundle(model: DualEncoder, config: ExportConfig, bundles_root: Path, 
     return final
 
 
-def add_reactions(bundle_dir: Path, reactions: ReactionModel) -> BundleManifest:
-    """Puts a reaction classifier fitted on the bundle's own served vectors into it, and
-    reseals: its checksum changes, so do this before any index is built with the bundle."""
-    reactions.save(bundle_dir / REACTIONS_FILE)
-    manifest = seal(bundle_dir, replace(read_manifest(bundle_dir), reactions=reactions.spec))
-    write_manifest(bundle_dir, manifest)
-    return manifest
-
-
 def _manifest(model: DualEncoder, config: ExportConfig, staging: Path, quantization: str) -> BundleManifest:
     draft = BundleManifest(
         name=config.name,
@@ -305,11 +295,11 @@ if __name__ == "__main__":
 
 
 def export_with_reactions(
-    model: DualEncoder, config: ExportConfig, bundles: Path, korean_replies: list[str], english: TrainPairs
+    model: DualEncoder, config: ExportConfig, bundles: Path, korean_replies: list[str]
 ) -> tuple[Path, dict[str, Any]]:
     """The int8 bundle, parity-gated on English turns and 64 of `korean_replies`, with the
-    reaction classifier fitted on `english`; returns it and the classifier's figures."""
-    from models.reactions import train_class_reactions
+    reaction model (models/reactions.py); returns it and the reaction recipe's record."""
+    from models.reactions import install, train_reactions
 
     rng = np.random.default_rng(13)
     korean = [korean_replies[i] for i in rng.choice(len(korean_replies), 64, replace=False)]
@@ -317,6 +307,6 @@ def export_with_reactions(
     parity = [t for t in parity_sample() if len(t) <= 200] + korean
     bundle = export_bundle(model, config, bundles, parity)
     # The reaction classifier learns from the vectors the bundle serves: int8, through onnxruntime.
-    reactions, stats = train_class_reactions(Encoder(bundle, read_manifest(bundle)), english)
-    add_reactions(bundle, reactions)
+    reactions, stats = train_reactions(Encoder(bundle, read_manifest(bundle)))
+    install(bundle, reactions, stats)
     return bundle, stats

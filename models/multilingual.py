@@ -410,15 +410,11 @@ def build_student(folder: Path, out: Path | None, if_missing: bool) -> Path:
 def add_class_reactions(bundle: Path) -> None:
     """The reaction classifier, fitted on the vectors the bundle serves (int8, through onnxruntime):
     a release candidate answers low-confidence turns with a reaction."""
-    from models.dataset import train_pairs
-    from models.export import add_reactions
-    from models.reactions import train_class_reactions
+    from models.reactions import install, train_reactions
 
-    manifest = read_manifest(bundle)
-    english = train_pairs(manifest.max_context_turns, separator=manifest.turn_separator)
-    reactions, stats = train_class_reactions(Encoder(bundle, manifest), english)
-    add_reactions(bundle, reactions)
-    print(f"[multilingual] {bundle}: reactions {stats}")
+    reactions, stats = train_reactions(Encoder(bundle, read_manifest(bundle)))
+    install(bundle, reactions, stats)
+    print(f"[multilingual] {bundle}: reactions {stats['gates']}")
 
 
 if __name__ == "__main__":

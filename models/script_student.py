@@ -59,7 +59,6 @@ from core.bundle import RELEASE_ROOT
 from index.corpus import load_conversations, split_summary
 from models.align import fit_map, procrustes, shared_words
 from models.batches import Tokenise
-from models.dataset import TrainPairs
 from models.encoder import load_pretrained, mean_pool
 from models.export import ExportConfig, export_with_reactions
 from models.hardware import hardware
@@ -412,8 +411,7 @@ def export(pack: Pack, work: Path, bundles: Path, name: str, quantize: bool = Tr
         quantize=quantize,
         servable=quantize,
     )
-    english = TrainPairs(pack.texts.english_minilm_contexts, pack.texts.english_replies)
-    bundle, stats = export_with_reactions(model, config, bundles, pack.texts.korean_replies, english)
+    bundle, stats = export_with_reactions(model, config, bundles, pack.texts.korean_replies)
     print(f"[script-student] {bundle}: reactions {stats}", flush=True)
     return bundle
 
