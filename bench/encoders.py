@@ -281,7 +281,12 @@ def main() -> None:
     # The same rows as `python -m bench.ood` writes: what models/release.py gates a candidate on.
     ood = [r for row in rows for r in row.pop("ood_rows")]
     write_rows(ood, args.out.parent)
-    report = {"cpu": cpu, "command": "python -m bench.encoders " + " ".join(sys.argv[1:]), "choice": choice, "candidates": rows}
+    report = {
+        "cpu": cpu,
+        "command": "python -m bench.encoders " + " ".join(sys.argv[1:]),
+        "choice": choice,
+        "candidates": rows,
+    }
     write(args.out, report, markdown(rows, choice, cpu))
 
 
