@@ -94,7 +94,7 @@ def torch_outputs(model: DualEncoder, tokenizer: Tokenizer, texts: list[str]) ->
     return [outputs[0].numpy()] + [o.numpy() for o in outputs[2:]]
 
 
-def _export_onnx(model: DualEncoder, path: Path) -> None:
+def export_onnx(model: DualEncoder, path: Path) -> None:
     ids = torch.ones(2, 8, dtype=torch.long)  # [B, T] dummy; both axes are dynamic
     mask = torch.ones(2, 8, dtype=torch.long)
     mask[1, 5:] = 0  # a padded row, so no branch on "no padding" is traced in
@@ -116,7 +116,7 @@ def _export_onnx(model: DualEncoder, path: Path) -> None:
     )
 
 
-def _ffn_down_projections(onnx_path: Path) -> list[str]:
+def ffn_down_projections(onnx_path: Path) -> list[str]:
     import onnx
 
     graph = onnx.load(str(onnx_path), load_external_data=False).graph
@@ -125,7 +125,7 @@ def _ffn_down_projections(onnx_path: Path) -> list[str]:
     ]
 
 
-def _quantize(fp32_path: Path, int8_path: Path, keep_fp32: list[str], reduce_range: bool = True) -> None:
+def quantize_int8(fp32_path: Path, int8_path: Path, keep_fp32: list[str], reduce_range: bool = True) -> None:
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -158,7 +158,7 @@ def export_bundle(model: DualEncoder, config: ExportConfig, bundles_root: Path, 
         fp32 = staging / "encoder.fp32.onnx"
         if (model.poly_head is None) != (config.poly is None):
             raise ValueError(f"{config.name}: model poly head and config.poly must come together")
-        _export_onnx(model, fp32)
+        export_onnx(model, fp32)
         shutil.copy(config.tokenizer_path, staging / TOKENIZER_FILE)
         if config.reactions is not None:
             config.reactions.save(staging / REACTIONS_FILE)
@@ -177,15 +177,15 @@ def export_bundle(model: DualEncoder, config: ExportConfig, bundles_root: Path, 
             # Fused graphs, where asked, before unfused ones: fewer ops is what one query pays for.
             attempts = [
                 ("int8-dynamic-per-channel", fp32, []),
-                ("int8-dynamic-per-channel, ffn-down fp32", fp32, _ffn_down_projections(fp32)),
+                ("int8-dynamic-per-channel, ffn-down fp32", fp32, ffn_down_projections(fp32)),
             ]
             if config.fuse:
                 attempts.insert(0, ("fused, int8-dynamic-per-channel", fused, []))
-                down = _ffn_down_projections(fused)
+                down = ffn_down_projections(fused)
                 if len(down) == layers:  # the fusions keep the FFN's MatMul names; if not, nothing to keep
                     attempts.insert(1, ("fused, int8-dynamic-per-channel, ffn-down fp32", fused, down))
             for label, graph, keep_fp32 in attempts:
-                _quantize(graph, staging / ENCODER_FILE, keep_fp32, reduce_range=config.weight_bits == 7)
+                quantize_int8(graph, staging / ENCODER_FILE, keep_fp32, reduce_range=config.weight_bits == 7)
                 manifest = _manifest(model, config, staging, label)
                 try:
                     manifest.parity = check_parity(model, staging, manifest, parity_texts, config.min_parity_cosine)

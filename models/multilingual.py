@@ -61,7 +61,7 @@ from models.e5_weights import (
     trimmed,
 )
 from models.encoder import DualEncoder
-from models.export import MIN_SINGLE_COSINE, ParityError, _export_onnx, _ffn_down_projections, _quantize
+from models.export import MIN_SINGLE_COSINE, ParityError, export_onnx, ffn_down_projections, quantize_int8
 from models.fusion import fuse_bert
 from models.parallel import PARALLEL, PARITY_TEXTS
 from models.trained_layers import MANIFEST_FILE, RELEASE_LAYERS, overlay, read_release
@@ -208,7 +208,7 @@ def build_bundle(
     with staged_dir(out) as staging:
         fp32 = staging / "encoder.fp32.onnx"
         with torch.no_grad():
-            _export_onnx(model, fp32)
+            export_onnx(model, fp32)
         del model  # the fp32 graph holds its own copy of the ~400 MB of weights
         shutil.copy(tokenizer_path, staging / TOKENIZER_FILE)
         # Fused and full int8 first (the 250k-row embedding table included:
@@ -228,8 +228,8 @@ def build_bundle(
             attempts = [("none", fp32, [])]
         for label, graph, keep_fp32 in attempts:
             if spec.quantize:
-                keep = _ffn_down_projections(fp32) if keep_fp32 is None else keep_fp32
-                _quantize(graph, staging / ENCODER_FILE, keep, reduce_range=spec.weight_bits == 7)
+                keep = ffn_down_projections(fp32) if keep_fp32 is None else keep_fp32
+                quantize_int8(graph, staging / ENCODER_FILE, keep, reduce_range=spec.weight_bits == 7)
             else:
                 fp32.rename(staging / ENCODER_FILE)
             manifest = seal(staging, _draft(weights, spec, label))

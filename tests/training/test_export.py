@@ -64,7 +64,7 @@ def test_failed_parity_leaves_no_bundle(tmp_path: Path) -> None:
 def test_a_fused_fp32_export_is_fused_exact_and_keeps_the_ffn_names_the_int8_pass_excludes(tmp_path: Path) -> None:
     import onnx
 
-    from models.export import _ffn_down_projections
+    from models.export import ffn_down_projections
 
     body = tiny_body(vocab_size=30522, seed=5)
     config = ExportConfig(
@@ -83,5 +83,5 @@ def test_a_fused_fp32_export_is_fused_exact_and_keeps_the_ffn_names_the_int8_pas
     layers = body.config.num_hidden_layers
     assert sum(n.op_type == "Attention" for n in graph.node) == layers
     # The fused int8 attempt keeps these in fp32 only if it finds one a layer.
-    assert len(_ffn_down_projections(bundle_dir / "encoder.onnx")) == layers
+    assert len(ffn_down_projections(bundle_dir / "encoder.onnx")) == layers
     assert sorted(p.name for p in bundle_dir.iterdir()) == ["encoder.onnx", "manifest.json", "tokenizer.json"]
