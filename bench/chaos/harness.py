@@ -207,7 +207,7 @@ def chaos_artifacts(source: Path, target: Path, bundle_checksum: str) -> Path:
     return target
 
 
-def _client(command: list[str]) -> subprocess.Popen[bytes]:
+def spawn_client(command: list[str]) -> subprocess.Popen[bytes]:
     """A load or attack client in a session of its own, as the service is. The kernel's autogroups share
     the cores between sessions first, so each client and the service compete as two programs, whatever
     else the harness's session runs; an attacker also lowers its own group (attackers.py)."""
@@ -221,21 +221,21 @@ def traffic(url: str | list[str], out: Path, **options: Any) -> subprocess.Popen
     for key, value in options.items():
         flag = "--" + key.replace("_", "-")
         command += [flag, *(str(v) for v in value)] if isinstance(value, list | tuple) else [flag, str(value)]
-    return _client(command)
+    return spawn_client(command)
 
 
 def flood(url: str, out: Path, seconds: float, connections: int) -> subprocess.Popen[bytes]:
     """`bench.chaos.flood`: many connections on a client that times the server, not itself."""
     command = [sys.executable, "-m", "bench.chaos.flood", "--url", url, "--out", str(out)]
     command += ["--seconds", str(seconds), "--connections", str(connections)]
-    return _client(command)
+    return spawn_client(command)
 
 
 def attack(url: str, out: Path, kind: str, threads: int, nice: int) -> subprocess.Popen[bytes]:
     """`bench.chaos.attackers`: `threads` attackers of one kind until terminated, at `nice`."""
     command = [sys.executable, "-m", "bench.chaos.attackers", "--url", url, "--out", str(out), "--kind", kind]
     command += ["--threads", str(threads), "--nice", str(nice)]
-    return _client(command)
+    return spawn_client(command)
 
 
 def rows(path: Path) -> list[dict[str, Any]]:

@@ -49,7 +49,7 @@ LATE_S = 2.0  # a 408 may come this long after the deadline: the loop's lag unde
 def holders(
     service: Service, out: Path, kind: str, connections: int, seconds: float | None = None
 ) -> subprocess.Popen[bytes]:
-    """`bench.chaos.holders` in a session of its own (see harness._client), at HOLDER_NICE."""
+    """`bench.chaos.holders` in a session of its own (see harness.spawn_client), at HOLDER_NICE."""
     command = [sys.executable, "-m", "bench.chaos.holders", "--url", service.url, "--out", str(out), "--kind", kind]
     command += ["--connections", str(connections), "--nice", str(HOLDER_NICE)]
     command += ["--seconds", str(seconds)] if seconds is not None else []

@@ -40,7 +40,7 @@ import yaml
 from app.config import Settings
 from app.engine.sessions import INDEX_KEY
 from bench.chaos.context import Context, check_sessions, stored_sessions
-from bench.chaos.harness import ROOT, RedisServer, Service, _client, rows, summary, traffic, wait_for
+from bench.chaos.harness import ROOT, RedisServer, Service, rows, spawn_client, summary, traffic, wait_for
 from bench.chaos.replicas import fresh_candidates, submit
 
 # Sessions the service stores in this scenario, per second of a load window: about what the flood opens
@@ -119,7 +119,7 @@ def main() -> None:
 
 def _flood(url: str, out: Path, kind: str) -> Any:
     command = [sys.executable, "-m", "bench.chaos.session_flood", "--url", url, "--kind", kind, "--out", str(out)]
-    return _client(command)
+    return spawn_client(command)
 
 
 def _load(ctx: Context, service: Service, out: Path, offset: int) -> Any:
