@@ -108,7 +108,7 @@ multilingual-tune: e5-pack  ## train the e5 teacher's top layers -> artifacts/te
 STUDENT_LAYERS := artifacts/student-release
 STUDENT_BUNDLE := artifacts/bundles/multilingual-e5-l6-en-ko-int8
 train-student: e5-pack  ## teacher -> 6-layer student -> int8 bundle (artifacts/bundles/multilingual-e5-l6-en-ko-int8)
-	$(PY) -m models.student --pack $(E5_PACK) --teacher models/release/multilingual-layers $(if $(DEVICE),--device $(DEVICE))
+	$(PY) -m models.student --pack $(E5_PACK) --teacher models/release/e5-teacher-layers $(if $(DEVICE),--device $(DEVICE))
 	$(PY) -m models.student --release $(STUDENT_LAYERS)
 	$(PY) -m models.multilingual --student $(STUDENT_LAYERS) --out $(STUDENT_BUNDLE)
 	$(PY) -m models.trained_layers $(STUDENT_LAYERS)/layers.npz --release models/release/e5-l6-layers

@@ -32,7 +32,9 @@ def test_the_shipped_bundle_says_how_it_was_made_and_released() -> None:
     tracked = json.loads((RELEASE_ROOT / "multilingual-layers" / "manifest.json").read_text())
     assert layers["sha256"] == tracked["sha256"]  # the tracked layers, as tracked
     assert layers["source"]["config"]["seed"] == 0 and layers["source"]["train"]["seconds"] > 0
-    assert layers["source"]["config"]["chatterbot"] is False  # never the out-of-domain dev set
+    # Never the out-of-domain dev set: the teacher's pack has no chatterbot-corpus source.
+    assert not layers["source"]["config"].get("chatterbot", False)
+    assert "chatterbot" not in json.dumps(layers["source"].get("data", {}).get("sources", {}))
     assert manifest.data["split_sha256"] == split_summary()["split_sha256"]  # the split it was evaluated on
     gates = {g["gate"]: g for g in manifest.release["gates"]}
     assert set(gates) == {g.name for g in GATES}
