@@ -139,7 +139,7 @@ def quantize_int8(fp32_path: Path, int8_path: Path, keep_fp32: list[str], reduce
         # 7-bit weights. Without VNNI (AVX2 only, e.g. AMD Zen 3), onnxruntime's u8 x s8
         # kernel sums pairs of products into int16, which saturates on large activations.
         # Multilingual e5 on such a CPU: parity min 0.976 -> 0.985; Korean through the API
-        # R@1 0.206 -> 0.222, R@10 0.475 -> 0.497 (`git show 6cf5d79:bench/multilingual.py`, `--eight-bit` builds).
+        # R@1 0.206 -> 0.222, R@10 0.475 -> 0.497 (docs/experiments.md, findings behind settings that ship).
         # onnxruntime's own guidance for non-VNNI CPUs; a CPU with VNNI loses one bit.
         reduce_range=reduce_range,
         nodes_to_exclude=keep_fp32,
@@ -203,20 +203,37 @@ def export_bundle(model: DualEncoder, config: ExportConfig, bundles_root: Path, 
     return final
 
 
-def _manifest(model: DualEncoder, config: ExportConfig, staging: Path, quantization: str) -> BundleManifest:
-    draft = BundleManifest(
-        name=config.name,
-        model_id=config.model_id,
-        kind=config.kind,
-        dim=model.dim,
-        num_layers=int(model.body.config.num_hidden_layers),
-        max_context_tokens=config.max_context_tokens,
-        max_reply_tokens=config.max_reply_tokens,
-        max_context_turns=config.max_context_turns,
-        turn_separator=config.turn_separator,
+def draft_manifest(spec: Any, dim: int, num_layers: int, quantization: str, **fields: Any) -> BundleManifest:
+    """A bundle's manifest before its files are sealed: what every recipe's spec (`ExportConfig`,
+    models/multilingual.py's `BundleSpec`) names alike, and the recipe's own `fields` beside it."""
+    return BundleManifest(
+        name=spec.name,
+        model_id=spec.model_id,
+        kind=spec.kind,
+        dim=dim,
+        num_layers=num_layers,
+        max_context_tokens=spec.max_context_tokens,
+        max_reply_tokens=spec.max_reply_tokens,
+        max_context_turns=spec.max_context_turns,
+        turn_separator=spec.turn_separator,
         quantization=quantization,
         files={},
         checksum="",
+        query_prefix=spec.query_prefix,
+        passage_prefix=spec.passage_prefix,
+        language=spec.language,
+        languages=list(spec.languages),
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        **fields,
+    )
+
+
+def _manifest(model: DualEncoder, config: ExportConfig, staging: Path, quantization: str) -> BundleManifest:
+    draft = draft_manifest(
+        config,
+        model.dim,
+        int(model.body.config.num_hidden_layers),
+        quantization,
         thresholds=config.thresholds,
         poly=config.poly,
         reactions=config.reactions.spec if config.reactions is not None else None,
@@ -224,11 +241,6 @@ def _manifest(model: DualEncoder, config: ExportConfig, staging: Path, quantizat
         servable=config.servable,
         training={**config.training, "fuse": config.fuse, "weight_bits": config.weight_bits},
         data=dict(config.data),
-        query_prefix=config.query_prefix,
-        passage_prefix=config.passage_prefix,
-        language=config.language,
-        languages=list(config.languages),
-        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
     return seal(staging, draft)
 

