@@ -18,7 +18,8 @@ conversations, PersonaChat's Korean), one language a batch, or the negatives
 would be told apart by script. The output is the trained layers (fp16) and
 what the run measured, including R@1 on half A of the human dev sets, which is
 what a choice between teacher variants is made on. `models/multilingual_release.py`
-judges a run and promotes it into models/release/multilingual-layers.
+judges a run; the tracked teacher is models/release/e5-teacher-layers, and the
+default's layers (models/release/multilingual-layers) are it at `--alpha 0.7`.
 """
 
 from __future__ import annotations
