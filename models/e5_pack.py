@@ -1,6 +1,5 @@
-"""The e5 recipes' input folder: everything the teacher, the student and the poly
-head train on, in one folder a GPU machine can read without this project's
-data packages.
+"""The e5 recipes' input folder: everything the teacher and the student train on,
+in one folder a GPU machine can read without this project's data packages.
 
     python -m models.e5_pack                  # -> artifacts/e5-pack (about 30 MB)
 
