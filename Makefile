@@ -249,9 +249,9 @@ bench-reaction-share: install index  ## where the reaction share starts on a new
 # written into BUNDLE (its checksum changes, its encoder does not); then the gate on it.
 BUNDLE ?= models/release/e5
 train-reactions: install-train  ## the reaction head for BUNDLE -> BUNDLE/reactions.npz and its manifest (a few minutes)
-	$(PY) -m models.reactions --bundle $(BUNDLE)
+	$(PY) -m models.reaction_head --bundle $(BUNDLE)
 bench-reactions: install-train  ## the reaction gate on BUNDLE -> reports/reactions.{md,json}
-	$(PY) -m bench.reactions --bundle $(BUNDLE)
+	$(PY) -m bench.reaction_gate --bundle $(BUNDLE)
 
 chaos: install-dev index  ## faults, overload and hostile input -> reports/chaos.{md,json} (about 26 min)
 	$(PY) -m bench.chaos

@@ -43,7 +43,7 @@ from bench.service import cpu_description, free_port
 from core.bundle import RELEASE_BUNDLE, open_bundle
 from models.ood import ReplySet, available_human, available_sts, chatterbot_set, human_set, sts_set
 from models.reaction_classes import REACTION_CLASSES
-from models.reactions import near_duplicate_key, reaction_key
+from models.reaction_head import near_duplicate_key, reaction_key
 from models.trained_layers import saw_chatterbot
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -162,7 +162,7 @@ def reaction_class(text: str) -> str | None:
 def labelled_reactions(client: httpx.Client, language: str) -> dict[str, Any]:
     """Our labelled utterances that call for a reaction: how often the reaction served fits, and contradicts."""
     rows = [json.loads(line) for line in LABELLED_REACTIONS.read_text(encoding="utf-8").splitlines() if line.strip()]
-    # Categories this table does not know (bench/reactions.py scores the full labelled set) are left out.
+    # Categories this table does not know (bench/reaction_gate.py scores the full labelled set) are left out.
     rows = [r for r in rows if r["language"] == language and r.get("category") in FITS]
     fits = contradicts = unanswered = 0
     misses = []

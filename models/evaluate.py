@@ -24,8 +24,7 @@ from core.encoder import Encoder
 from core.store import IndexStore
 from models.evalset import EvalSet, eval_set
 from models.tables import confidence as confidence_table
-from models.tables import reactions as reactions_table
-from models.tables import retrieval, sources
+from models.tables import reaction_table, retrieval, sources
 from models.walk import replay
 from models.walk import sources as walk_sources
 
@@ -41,7 +40,7 @@ def bundle_rows(bundles_root: Path, data: EvalSet, path: Path | None, depth: int
         encoder = Encoder(bundle_dir, open_bundle(bundle_dir))
         figures = {
             **retrieval.bundle_figures(encoder, data, depth),
-            **reactions_table.figures(bundle_dir, encoder, path),
+            **reaction_table.figures(bundle_dir, encoder, path),
             **retrieval.latency(encoder, data),
             "examples": len(data.replies),
         }
@@ -105,7 +104,7 @@ def evaluate_all(
     rows = bundle_rows(artifacts / "bundles", data, path, depth)
     out.mkdir(parents=True, exist_ok=True)
     walk = served_report(artifacts, bundle, judge, data, out) if judge.is_dir() else None
-    markdown = retrieval.markdown(rows, len(data.replies)) + "\n" + reactions_table.markdown(rows)
+    markdown = retrieval.markdown(rows, len(data.replies)) + "\n" + reaction_table.markdown(rows)
     if walk is not None:
         markdown += "\n" + sources.markdown(walk, len(data.replies))
         if "confidence" in walk:

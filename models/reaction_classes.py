@@ -1,7 +1,7 @@
 """The reactions a bundle can answer with, what kind of turn each answers, and how labelled emotions map to them.
 
-One table, in three parts, read by the recipe (models/reactions.py), the gate
-(bench/reactions.py) and the tests, and shown in docs/reactions.md:
+One table, in three parts, read by the recipe (models/reaction_head.py), the gate
+(bench/reaction_gate.py) and the tests, and shown in docs/reactions.md:
 
 1. `REACTION_CLASSES`: a fixed set of short reactions, none of which commits to
    content ("yes", "true" would agree with whatever was said). Each has its

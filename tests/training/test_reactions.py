@@ -1,4 +1,4 @@
-"""The reaction recipe (models/reactions.py) on a tiny bundle and a tiny emotion set: it learns the
+"""The reaction recipe (models/reaction_head.py) on a tiny bundle and a tiny emotion set: it learns the
 table's classes, chooses gates by its rule, and writes a head the service loads, into a bundle
 whose manifest still checks out."""
 
@@ -17,7 +17,7 @@ from core.encoder import Encoder
 from core.reactions import ReactionClassifier
 from models import emotions
 from models.reaction_classes import CLASS_NAMES, FALLBACK, MIRRORS, REACTION_CLASSES
-from models.reactions import ReactionConfig, install, train_reactions
+from models.reaction_head import ReactionConfig, install, train_reactions
 
 pytestmark = pytest.mark.training
 

@@ -1,6 +1,6 @@
 """The reaction model of a bundle: trained on labelled emotions, gated, and written into the bundle.
 
-    python -m models.reactions --bundle models/release/e5      # or: make train-reactions BUNDLE=...
+    python -m models.reaction_head --bundle models/release/e5      # or: make train-reactions BUNDLE=...
 
 One command for any bundle directory (docs/reactions.md): it encodes the
 emotion sets' train splits and our written trigger lines with the bundle's

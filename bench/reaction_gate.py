@@ -1,6 +1,6 @@
 """The reaction gate: how a bundle's reactions answer labelled turns, good and bad news, and how often they answer.
 
-    python -m bench.reactions --bundle models/release/e5 --bundle models/release/minilm
+    python -m bench.reaction_gate --bundle models/release/e5 --bundle models/release/minilm
     make bench-reactions BUNDLE=models/release/e5
 
 Each bundle is loaded as the service loads it, and each turn answered by the
@@ -46,7 +46,7 @@ from core.confidence import WARMUP_TURNS
 from core.retriever import Avoid, Serving, conversation_script, reaction
 from models import emotions
 from models.reaction_classes import CLASS_NAMES, REACTION_CLASSES, STANCE_AXES, verdict
-from models.reactions import LABELLED, emotion_split, encode_cached, labelled_lines, side_of_class
+from models.reaction_head import LABELLED, emotion_split, encode_cached, labelled_lines, side_of_class
 
 ROOT = Path(__file__).resolve().parents[1]
 FIT_BAR = 0.80  # the issue's: at least 80% of the labelled turns get a reaction that fits, none a wrong one
@@ -61,7 +61,7 @@ def class_of(text: str) -> str | None:
 
 def first_reactions(serving: Serving, texts: list[str]) -> list[str | None]:
     """The class of the reaction the service answers each one-turn conversation with (None: no reaction),
-    each read alone, as a lone request is (models.reactions.encode_cached says why it matters)."""
+    each read alone, as a lone request is (models.reaction_head.encode_cached says why it matters)."""
     vectors = encode_cached(serving.encoder, [serving.encoder.join_context([t]) for t in texts], alone=True)  # [N, D]
     out = []
     for text, vector in zip(texts, vectors, strict=True):
@@ -244,7 +244,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "reactions")
     args = parser.parse_args()
     report = {
-        "command": " ".join(["python -m bench.reactions", *sys.argv[1:]]),
+        "command": " ".join(["python -m bench.reaction_gate", *sys.argv[1:]]),
         "cpu": cpu(),
         "cores": os.cpu_count(),
         "classes": list(CLASS_NAMES),
