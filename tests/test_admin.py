@@ -783,6 +783,18 @@ async def test_what_needs_no_body_is_answered_before_the_body_is_read(
     assert response.json()["error"]["field"] == field
 
 
+@pytest.mark.parametrize(
+    "path", ["/admin/candidates?encoder=no-such-encoder", "/admin/candidates/delete", "/admin/sets/x/candidates/delete"]
+)
+async def test_a_method_an_upload_route_does_not_take_is_405_not_a_refusal(
+    admin_client: httpx.AsyncClient, path: str
+) -> None:
+    """The API's own contract (chaos scenario 8's schemathesis, ST204): PUT on a route that takes POST only is
+    405. The check that answers before the body was read took every PUT for an upload."""
+    response = await admin_client.put(path, json=[{"reply": "0"}], headers=AUTH)
+    assert response.status_code == 405, response.text
+
+
 async def test_a_failed_store_write_after_the_swap_fails_no_job_and_the_next_builds_on_the_version(
     admin_client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -194,6 +194,8 @@ class RefuseBeforeBody:
             if scope["type"] == "http" and scope["method"] in ("POST", "PUT")
             else None
         )
+        if upload is not None and scope["method"] == "PUT" and (not upload["name"] or upload["delete"]):
+            upload = None  # only a named set's candidates take PUT: the router answers the others' 405
         admin = self.service.admin if upload is not None else None
         if upload is not None and admin is not None:
             query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
