@@ -102,6 +102,17 @@ def attacker(send: Callable[[httpx.Client], int], stop: threading.Event, out: IO
                 out.flush()  # the harness reads the first line as "the attack is under way"
 
 
+def lower_priority(nice: int) -> None:
+    """This process `nice` levels down, and its autogroup with it: started in a session of its own
+    (harness.spawn_client), the autogroup is its own, and the scheduler shares the cores between
+    autogroups first; a thread's nice orders it only within its group. Not permitted, or no
+    autogroups: the threads' own nice is all there is."""
+    os.nice(nice)
+    if nice:
+        with contextlib.suppress(OSError):
+            Path("/proc/self/autogroup").write_text(f"{nice}\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", required=True)
@@ -111,13 +122,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    os.nice(args.nice)
-    if args.nice:
-        # Started in a session of its own (harness.attack), so this is its own autogroup's niceness: the
-        # scheduler shares the cores between autogroups first, and a thread's nice orders it only
-        # within its group. Not permitted, or no autogroups: the threads' own nice is all there is.
-        with contextlib.suppress(OSError):
-            Path("/proc/self/autogroup").write_text(f"{args.nice}\n")
+    lower_priority(args.nice)
     stop, lock = threading.Event(), threading.Lock()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with args.out.open("w") as out:

@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import re
 import signal
 import time
@@ -35,6 +34,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from bench.chaos.attackers import lower_priority
 from bench.chaos.flood import response
 
 DECLARED_BYTES = 1000
@@ -153,11 +153,7 @@ def main() -> None:
     parser.add_argument("--nice", type=int, default=0, help="added to this process's niceness")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    os.nice(args.nice)
-    if args.nice:
-        # Started in a session of its own: this is its own autogroup's niceness (see attackers.py).
-        with contextlib.suppress(OSError):
-            Path("/proc/self/autogroup").write_text(f"{args.nice}\n")
+    lower_priority(args.nice)
     with args.out.open("w") as out:
         asyncio.run(run(args, out))
 
