@@ -345,6 +345,9 @@ def main() -> None:
     print((args.out / "chaos.md").read_text())
     print("[chaos] seconds per scenario: " + ", ".join(f"{r['id']}: {r['seconds']}" for r in report["scenarios"]))
     failed = [r["id"] for r in report["scenarios"] if r["pass"] is False]
+    for r in report["scenarios"]:
+        if r["pass"] is False:  # the whole row: the table cuts its figures short
+            print(f"[chaos] scenario {r['id']} failed: {json.dumps(r, default=str)}")
     raise SystemExit(f"[chaos] failed: {failed}" if failed else 0)
 
 

@@ -10,6 +10,8 @@ a tag no other request carries, so no request is answered from the embedding
 cache (the worst case, and the same for every run), except the --repeat-share
 of them that repeat one of 100 popular one-line contexts: short lines, which
 are what people repeat and what the embedding cache shares across replicas.
+A client's sessions each get a message before any gets a second, so all are
+open after its first --sessions-per-client session messages.
 With --turns-per-session N a session is retired after N messages in this run
 and the client goes on with a fresh one (ids continue s0, s1, ... in
 retirement order, so a second run with the same tag continues the first
@@ -60,6 +62,7 @@ async def client_loop(
     rows: list[dict[str, Any]] = []
     slots = [f"chaos-{args.tag}-c{index}-s{j}" for j in range(args.sessions_per_client)]
     next_session = len(slots)
+    unopened = list(range(len(slots)))  # each slot gets its first message before any gets a second
     sent: dict[str, int] = {}  # session -> messages sent to it in this run
     limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
     clients = [httpx.AsyncClient(base_url=url, timeout=30, limits=limits) for url in urls]
@@ -69,7 +72,7 @@ async def client_loop(
             n += 1
             row: dict[str, Any] = {"client": index, "t": time.time()}
             if rng.random() < args.session_share:
-                slot = rng.randrange(len(slots))
+                slot = unopened.pop(0) if unopened else rng.randrange(len(slots))
                 if args.turns_per_session and sent.get(slots[slot], 0) >= args.turns_per_session:
                     slots[slot] = f"chaos-{args.tag}-c{index}-s{next_session}"  # retired: a fresh session
                     next_session += 1
