@@ -21,6 +21,7 @@ from app.engine.memory import fix_malloc_thresholds
 from app.engine.runtime import build_runtime
 from app.engine.set_admin import build_admin
 from app.limits import AdminGate, Admission, AdmissionLimit, BodySizeLimit
+from app.probes import ProbePacer
 from app.routes import admin, demo, health, metrics, reply, similar
 from app.schemas import BODY_LIMITS
 from app.state import ServiceState
@@ -94,6 +95,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(admin.RefuseBeforeBody, service=service)
     # Outside the size limit, which reads the body: an admin body is read only with the token, a few at a time.
     app.add_middleware(AdminGate, token=settings.admin_token, max_bodies=settings.admin_max_bodies_in_flight)
+    # Before anything else a probe would cost: a connection that probes again within a second waits its turn.
+    app.add_middleware(ProbePacer, rate_per_s=settings.probe_rate_per_s, on_paced=service.metrics.probes_paced.inc)
     # Outermost: it logs and counts 408s, 413s and 429s too.
     app.add_middleware(
         logs.RequestLog,

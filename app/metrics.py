@@ -193,6 +193,11 @@ class Metrics:
         # Every source from the start, at 0: a series born at its first answer hides that answer from rate().
         for source in get_args(Strategy):
             self.answers.labels(source)
+        self.probes_paced = Counter(
+            "chitchat_probes_paced",
+            "Health probes that waited their turn: their connection had probed within the last second",
+            registry=self.registry,
+        )
         self.registry.register(EngineCollector(state, admission))
 
     def observe(self, route: str, method: str, status: int, seconds: float) -> None:

@@ -168,3 +168,13 @@ async def test_past_the_in_flight_limit_a_request_is_a_429_and_counted(artifacts
     assert value(samples, "chitchat_refused_total", queue="encoder") == 0
     assert value(samples, "chitchat_in_flight") == 0
     assert value(samples, "chitchat_http_requests_total", route="/reply", method="POST", status="429") == 1
+
+
+async def test_a_probe_that_waited_its_turn_is_counted(make_client: AppFactory) -> None:
+    """httpx's ASGI transport is one connection: its second probe within a second has the next turn at
+    once, its third waits one (50 ms at 20 a second)."""
+    async with make_client(probe_rate_per_s=20) as client:
+        assert value(await scrape(client), "chitchat_probes_paced_total") == 0
+        for _ in range(3):
+            assert (await client.get("/livez")).status_code == 200
+        assert value(await scrape(client), "chitchat_probes_paced_total") == 1
