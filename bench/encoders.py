@@ -227,7 +227,7 @@ def markdown(rows: list[dict[str, Any]], choice: dict[str, Any], cpu: str) -> st
     ]
     for r in rows:
         fits = [r["sets"].get(f"reactions-labelled-{lang}") for lang in ("en", "ko")]
-        fit = " / ".join("–" if f is None else f"{f['fits']:.0%} ({f['contradicts']} contradict)" for f in fits)
+        fit = " / ".join("–" if f is None else f"{f['fits']:.0%} ({f['wrong']} wrong)" for f in fits)
         lines.append(f"| {r['model']} | {r['source']} | {r['licence']} | {r['layers']} | {r['pieces']} | {fit} |")
     return "\n".join(lines) + "\n"
 

@@ -42,7 +42,7 @@ from bench.live_eval import wait
 from bench.service import cpu_description, free_port
 from core.bundle import RELEASE_BUNDLE, open_bundle
 from models.ood import ReplySet, available_human, available_sts, chatterbot_set, human_set, sts_set
-from models.reaction_classes import REACTION_CLASSES
+from models.reaction_classes import REACTION_CLASSES, verdict
 from models.reaction_head import near_duplicate_key, reaction_key
 from models.trained_layers import saw_chatterbot
 
@@ -129,23 +129,6 @@ def reply_figures(
 
 
 LABELLED_REACTIONS = ROOT / "bench" / "data" / "reactions_labelled.jsonl"
-# Which reaction classes (models/reaction_classes.py) fit an utterance of each kind, and which contradict it.
-FITS = {
-    "good_news": {"congrats", "great", "cool", "wow"},
-    "bad_news": {"sympathy"},
-    "thanks": {"welcome"},
-    "greeting": {"hello", "how_are_you"},
-    "joke": {"laugh"},
-    "goodbye": {"bye", "good_night", "you_too"},
-}
-CONTRADICTS = {
-    "good_news": {"sympathy"},
-    "bad_news": {"laugh", "congrats", "great", "cool"},
-    "thanks": set(),
-    "greeting": {"bye", "good_night"},
-    "joke": {"sympathy"},
-    "goodbye": {"hello", "how_are_you"},
-}
 
 
 def reaction_class(text: str) -> str | None:
@@ -160,11 +143,11 @@ def reaction_class(text: str) -> str | None:
 
 
 def labelled_reactions(client: httpx.Client, language: str) -> dict[str, Any]:
-    """Our labelled utterances that call for a reaction: how often the reaction served fits, and contradicts."""
+    """Our labelled utterances that call for a reaction: how often the reaction served fits, and how
+    many are wrong, by models/reaction_classes.py's verdicts (bench/reaction_gate.py's, on the model alone)."""
     rows = [json.loads(line) for line in LABELLED_REACTIONS.read_text(encoding="utf-8").splitlines() if line.strip()]
-    # Categories this table does not know (bench/reaction_gate.py scores the full labelled set) are left out.
-    rows = [r for r in rows if r["language"] == language and r.get("category") in FITS]
-    fits = contradicts = unanswered = 0
+    rows = [r for r in rows if r["language"] == language]
+    fits = wrong = unanswered = 0
     misses = []
     for row in rows:
         body = {"context": [row["text"]], "strategies": ["reaction"]}
@@ -173,19 +156,13 @@ def labelled_reactions(client: httpx.Client, language: str) -> dict[str, Any]:
             unanswered += 1
             continue
         served = response.json()["reply"]
-        kind = reaction_class(served)
-        fits += kind in FITS[row["category"]]
-        contradicts += kind in CONTRADICTS[row["category"]]
-        if kind not in FITS[row["category"]]:
+        said = verdict(row["category"], reaction_class(served))
+        fits += said == "fits"
+        wrong += said == "wrong"
+        if said != "fits":
             misses.append(f"{row['text']} -> {served}")
     n = len(rows)
-    return {
-        "fits": round(fits / n, 4),
-        "contradicts": contradicts,
-        "unanswered": unanswered,
-        "utterances": n,
-        "misses": misses,
-    }
+    return {"fits": round(fits / n, 4), "wrong": wrong, "unanswered": unanswered, "utterances": n, "misses": misses}
 
 
 def sts_figures(client: httpx.Client, name: str) -> dict[str, Any]:
@@ -272,7 +249,7 @@ def markdown(rows: list[dict[str, Any]], cpu: str) -> str:
         mark = " *" if r["trained_on_chatterbot"] else ""
         if "fits" in r:
             lines.append(
-                f"| {r['model']}{mark} | {r['set']} | reaction fits {r['fits']:.1%}, contradicts {r['contradicts']}"
+                f"| {r['model']}{mark} | {r['set']} | reaction fits {r['fits']:.1%}, wrong {r['wrong']}"
                 f" | | | | | | {r['utterances']} | |"
             )
         elif "spearman" in r:
