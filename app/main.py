@@ -90,6 +90,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         deadline_s=settings.body_read_timeout_s,
         max_reading=settings.max_bodies_reading,
     )
+    # Outside the body reader: while every slot is taken, a request is refused before its body is
+    # read, as a flood's are (the count above still decides once the body is in).
+    app.add_middleware(
+        AdmissionLimit,
+        admission=service.admission,
+        paths=ENCODER_ROUTES,
+        max_drain_bytes=max(BODY_LIMITS.values()),
+        counts=False,
+        drain_deadline_s=settings.body_read_timeout_s,
+    )
     # Between the token check and the body reader: an upload that names an unknown encoder, or whose
     # set is busy, is refused before a byte of its body is read.
     app.add_middleware(admin.RefuseBeforeBody, service=service)

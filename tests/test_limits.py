@@ -242,6 +242,32 @@ async def test_a_refused_request_is_drained_no_further_than_the_body_limit() -> 
     assert sent <= (1 << 20) // 65536 + 2
 
 
+async def test_while_full_a_body_that_never_comes_is_refused_at_its_deadline_and_closed() -> None:
+    """The refusal before the body reader (counts=False) drains a refused body within the reader's
+    deadline: a client that sends headers and no body gets its 429 then, with the connection closed,
+    and never reaches the app."""
+    from app.limits import Admission, AdmissionLimit
+
+    async def never(scope: Any, receive: Any, send: Any) -> None:
+        raise AssertionError("a refused request reached the app")
+
+    sent: list[dict[str, Any]] = []
+
+    async def silent() -> dict[str, Any]:
+        await asyncio.Event().wait()  # the body never comes
+        raise AssertionError("unreachable")
+
+    async def record(message: Any) -> None:
+        sent.append(message)
+
+    gate = AdmissionLimit(
+        never, Admission(max_in_flight=0), frozenset({"/reply"}), 1 << 20, counts=False, drain_deadline_s=0.05
+    )
+    scope = {"type": "http", "path": "/reply", "method": "POST", "headers": []}
+    await asyncio.wait_for(gate(scope, silent, record), timeout=10)
+    assert sent[0]["status"] == 429 and (b"connection", b"close") in sent[0]["headers"]
+
+
 async def test_an_admin_body_is_read_only_with_the_token_and_a_few_at_a_time() -> None:
     """#49, item 1: an unauthenticated 32 MiB upload was read whole before its 401, and nothing bounded
     how many were read at once. The gate answers before the first chunk is pulled."""
