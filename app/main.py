@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import re
 import signal
@@ -126,6 +127,13 @@ async def _load(service: ServiceState, settings: Settings) -> None:
         await runtime.close()  # never reaches the service state, so the lifespan would not close it
         raise
     service.runtime = runtime
+    # What loading made lives about as long as the process: kept out of the cyclic collector's sight,
+    # a full collection under a flood no longer walks it. Chaos scenario 6, three interleaved runs
+    # (Intel Xeon, 2 cores): refusals p99 73.1 / 79.9 / 69.0 ms without, 43.6 / 51.8 / 45.1 with.
+    # Frozen objects are still freed by their reference counts (a swapped-out index); only a cycle
+    # among them would stay, so the cycles loading left are collected first.
+    gc.collect()
+    gc.freeze()
     follower = replicas.Follower(runtime, settings.index_poll_s)
     service.background = [asyncio.create_task(follower.run(), name="follow-index-pointer")]
     if owed(settings.indexes_root) is not None:  # a first slice serves: build the rest behind it
