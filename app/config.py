@@ -50,8 +50,8 @@ class Settings(BaseSettings):
     readyz_redis_cache_s: float = Field(default=1.0, ge=0.0, le=60.0)
     # Answers a second shared by the connections that probe (/livez, /healthz, /readyz) more than once
     # a second; the rest wait their turn (app/probes.py). A load balancer probing once a second or less
-    # per connection never waits. 100: a flood of them costs the loop ~2% of a core (one core answered
-    # 4,300 a second, chaos scenario 28).
+    # per connection never waits. 100: a flood of them costs the loop ~2% of a core, which answers
+    # some thousands of probes a second.
     probe_rate_per_s: float = Field(default=100.0, gt=0.0, le=100_000.0)
 
     session_ttl_s: int = Field(default=3600, ge=1)

@@ -81,9 +81,8 @@ class AdmissionLimit:
     Installed twice, around `BodySizeLimit` (app/main.py). Inside it (`counts`), it counts a request
     once its body is in hand, so a client slow to send its body waits at the reader's deadline, not
     in a slot. Outside it, it only refuses, before a body is read, while the slots are all taken: the
-    refusals a flood gets then skip the reader's timer and replay. Chaos scenario 6, two runs of each
-    interleaved (Intel Xeon with VNNI, 2 cores, a noisy sitting): refusals p99 93.5 and 112.8 ms
-    with every request through the reader, 91.6 and 76.3 with this, 77.9 and 93.8 before the reader."""
+    refusals a flood gets then skip the reader's timer and replay (chaos scenario 6;
+    docs/experiments.md has the figures)."""
 
     def __init__(
         self,

@@ -2,17 +2,15 @@
 
 A probe is cheap, but never free: each costs the event loop a request's parsing and answer, and a
 client that sends the next one as soon as it has the last (400 keep-alive sockets on /readyz, chaos
-scenario 28) keeps the loop busy with nothing else. Every /reply then waits a whole round of the
-loop at each of its steps: its p99 went from 0.12 s to 1.7 s, while the loop answered 4,300 probes a
-second.
+scenario 28) keeps the loop busy with nothing else, and every /reply then waits a whole round of
+the loop at each of its steps (docs/experiments.md has the figures).
 
 Refusing them would not help: a 429 costs the loop what an answer does, and the flood asks again at
 once. Probes are delayed instead, as nginx's limit_req delays what is past its rate: a waiting probe
 is a sleeping coroutine and costs nothing until its turn. Only a connection that probed within the
 last second waits, so a load balancer's probes (one a second or fewer per connection, or a new
 connection each) are answered at once, flood or not; frequent probers share `rate_per_s` answers a
-second among them, in the order they asked. Paced, the same flood left /reply's p99 at 0.96x and
-1.2x of it alone (scenario 28, quick and full runs; reports/chaos.md).
+second among them, in the order they asked.
 """
 
 from __future__ import annotations

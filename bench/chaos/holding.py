@@ -15,10 +15,9 @@ its own at nice 19, as 23's attacker: its own CPU is not the service's), in one 
 The bars are the suite's: 0 5xx, every session turn answered 200 stored, and the others' p99 beside
 the holders within P99_RATIO_BAR of their own alone in the same run.
 
-At nice 19 on 2 shared cores the flood gets what the others leave. Unpaced, the service answered
-4,300 probes a second, the loop did nothing else, and the others' p99 was 15x theirs alone: a
-connection that probes again within a second now waits its turn (app/probes.py), and the flood
-gets ~100 answers a second.
+At nice 19 on 2 shared cores the flood gets what the others leave. Unpaced, the loop would answer
+thousands of probes a second and nothing else: a connection that probes again within a second
+waits its turn (app/probes.py), and the flood gets ~100 answers a second.
 """
 
 from __future__ import annotations
