@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from app.config import Settings
+from app.engine.kernels import cpu
 from bench.service import free_port, wait_ready
 from core.bundle import RELEASE_BUNDLE, open_bundle
 from core.store import IndexStore
@@ -162,12 +163,14 @@ def markdown(
     bundle: str,
     version: str,
     spin: bool = False,
+    cpu: dict[str, Any] | None = None,
 ) -> str:
     # What the served process reads: this environment is passed to it (CHITCHAT_RERANK_BY_DEFAULT).
     rerank = "rerank on by default" if Settings().rerank_by_default else "rerank off by default"
     settings = f"{rerank}, CHITCHAT_ORT_SPIN=1" if spin else rerank
     lines = [
-        f"`/reply` under wrk on loopback, {cores} cores shared by the server and wrk, {duration} s per row, every "
+        f"`/reply` under wrk on loopback, {processor(cpu)}{cores} cores shared by the server and wrk, {duration} s "
+        "per row, every "
         "request a multi-turn held-out context whose last turn ends with a tag no other request carries (no "
         f'cache hits). "project": this service on bundle {bundle} and index {version} ({settings}); "naive": '
         "MiniLM through sentence-transformers in PyTorch + FAISS exact search + one FastAPI route, on the same "
@@ -194,6 +197,13 @@ def markdown(
         f"{p.get('rss_mb_after_load')} MB after the load. Naive: ready {naive.get('ready_seconds')} s.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def processor(cpu: dict[str, Any] | None) -> str:
+    """ "Intel Xeon with VNNI, " (`app.engine.kernels.cpu`'s record), or "" for a run that did not record it."""
+    if not cpu:
+        return ""
+    return f"{cpu['model']} {'with' if cpu['vnni'] else 'without'} VNNI, "
 
 
 def main() -> None:
@@ -234,6 +244,7 @@ def main() -> None:
     cores = os.cpu_count() or 0
     args.out.mkdir(parents=True, exist_ok=True)
     report = {
+        "cpu": cpu(),
         "cores": cores,
         "duration_s": args.duration,
         "bundle": bundle.name,
@@ -245,7 +256,9 @@ def main() -> None:
         **extra,
     }
     (args.out / "load.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.out / "load.md").write_text(markdown(rows, extra, cores, args.duration, bundle.name, version, args.spin))
+    (args.out / "load.md").write_text(
+        markdown(rows, extra, cores, args.duration, bundle.name, version, args.spin, report["cpu"])
+    )
     print((args.out / "load.md").read_text())
 
 
