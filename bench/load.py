@@ -200,7 +200,8 @@ def markdown(
 
 
 def processor(cpu: dict[str, Any] | None) -> str:
-    """ "Intel Xeon with VNNI, " (`app.engine.kernels.cpu`'s record), or "" for a run that did not record it."""
+    """The CPU as the report's first line names it ("<model> with VNNI, "), from `app.engine.kernels.cpu`'s
+    record; "" for a run that did not record one."""
     if not cpu:
         return ""
     return f"{cpu['model']} {'with' if cpu['vnni'] else 'without'} VNNI, "
