@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from app.config import Settings
+from app.engine.kernels import cpu
 from app.engine.runtime import NotReady, load_newest_serving
 from core.bundle import RELEASE_BUNDLE, list_bundles, open_bundle, update_manifest
 from core.encoder import Encoder
@@ -111,7 +112,10 @@ def evaluate_all(
             markdown += "\n" + confidence_table.markdown(walk["confidence"], RELIABILITY_PLOT)
         manifest = open_bundle(bundle)
         update_manifest(bundle, eval={**manifest.eval, **served_summary(walk, walk["reaction_share"])})
-    report = {"examples": len(data.replies), "seed": seed, "rows": rows, "served": walk}
+    # The latency column is this machine's: the report names it (int8 runs 2-3x apart with and without VNNI).
+    processor = cpu()
+    markdown = f"On {processor['model']} {'with' if processor['vnni'] else 'without'} VNNI.\n\n" + markdown
+    report = {"examples": len(data.replies), "seed": seed, "cpu": processor, "rows": rows, "served": walk}
     (out / "eval.json").write_text(json.dumps(report, indent=2))
     (out / "eval.md").write_text(markdown)
     return report
