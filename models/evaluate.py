@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from app.config import Settings
-from app.engine.kernels import cpu
 from app.engine.runtime import NotReady, load_newest_serving
 from core.bundle import RELEASE_BUNDLE, list_bundles, open_bundle, update_manifest
 from core.encoder import Encoder
 from core.store import IndexStore
 from models.evalset import EvalSet, eval_set
+from models.hardware import hardware
 from models.tables import confidence as confidence_table
 from models.tables import reaction_table, retrieval, sources
 from models.walk import replay
@@ -113,9 +113,9 @@ def evaluate_all(
         manifest = open_bundle(bundle)
         update_manifest(bundle, eval={**manifest.eval, **served_summary(walk, walk["reaction_share"])})
     # The latency column is this machine's: the report names it (int8 runs 2-3x apart with and without VNNI).
-    processor = cpu()
-    markdown = f"On {processor['model']} {'with' if processor['vnni'] else 'without'} VNNI.\n\n" + markdown
-    report = {"examples": len(data.replies), "seed": seed, "cpu": processor, "rows": rows, "served": walk}
+    machine = hardware("cpu")
+    markdown = f"On {machine['cpu']} {'with' if machine['vnni'] else 'without'} VNNI.\n\n" + markdown
+    report = {"examples": len(data.replies), "seed": seed, "hardware": machine, "rows": rows, "served": walk}
     (out / "eval.json").write_text(json.dumps(report, indent=2))
     (out / "eval.md").write_text(markdown)
     return report

@@ -179,7 +179,7 @@ async def test_tune_build_index_calibrate_evaluate_release_and_serve(
     assert all(0 <= r["r_at_1"] <= r["r_at_10"] <= 1 for r in report["rows"])
     assert report["served"]["served_echo_share"] == 0.0
     # Its latency figures name the CPU they were read on.
-    assert report["cpu"]["model"] and (tmp_path / "reports" / "eval.md").read_text().startswith("On ")
+    assert report["hardware"]["cpu"] and (tmp_path / "reports" / "eval.md").read_text().startswith("On ")
     assert {"r_at_1", "confidence_auroc", "served_echo_share"} <= set(read_manifest(bundle).eval)
 
     # A tiny model passes few gates, and with no out-of-domain evidence none of those: the release
