@@ -163,13 +163,13 @@ def markdown(
     bundle: str,
     version: str,
     spin: bool = False,
-    cpu: dict[str, Any] | None = None,
+    machine: dict[str, Any] | None = None,
 ) -> str:
     # What the served process reads: this environment is passed to it (CHITCHAT_RERANK_BY_DEFAULT).
     rerank = "rerank on by default" if Settings().rerank_by_default else "rerank off by default"
     settings = f"{rerank}, CHITCHAT_ORT_SPIN=1" if spin else rerank
     lines = [
-        f"`/reply` under wrk on loopback, {processor(cpu)}{cores} cores shared by the server and wrk, {duration} s "
+        f"`/reply` under wrk on loopback, {processor(machine)}{cores} cores shared by the server and wrk, {duration} s "
         "per row, every "
         "request a multi-turn held-out context whose last turn ends with a tag no other request carries (no "
         f'cache hits). "project": this service on bundle {bundle} and index {version} ({settings}); "naive": '
@@ -199,12 +199,12 @@ def markdown(
     return "\n".join(lines) + "\n"
 
 
-def processor(cpu: dict[str, Any] | None) -> str:
+def processor(machine: dict[str, Any] | None) -> str:
     """The CPU as the report's first line names it ("<model> with VNNI, "), from `app.engine.kernels.cpu`'s
     record; "" for a run that did not record one."""
-    if not cpu:
+    if not machine:
         return ""
-    return f"{cpu['model']} {'with' if cpu['vnni'] else 'without'} VNNI, "
+    return f"{machine['model']} {'with' if machine['vnni'] else 'without'} VNNI, "
 
 
 def main() -> None:
