@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import sys
 
-from app.engine.kernels import cpu
 from bench import reports
 from bench.narrow_search import encoded_contexts, release_serving, replay_arguments, walks
+from core.machine import cpu
 from core.text import normalize
 
 

@@ -36,7 +36,6 @@ import faiss
 import httpx
 import numpy as np
 
-from app.engine.kernels import cpu
 from bench import reports
 from bench.load import ROOT, contexts, start, stop
 from bench.service import free_port
@@ -44,6 +43,7 @@ from core import ann
 from core.bundle import RELEASE_BUNDLE, open_bundle
 from core.encoder import Encoder
 from core.filters import Admitted, Filter, Side, admitted, search
+from core.machine import cpu
 from core.records import Candidate
 from core.store import IndexStore, IndexVersion
 from core.text import normalize

@@ -32,8 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from app.config import Settings
-from app.engine.kernels import cpu
-from bench.service import free_port, wait_ready
+from bench.service import cpu_description, free_port, wait_ready
 from core.bundle import RELEASE_BUNDLE, open_bundle
 from core.store import IndexStore
 from index.corpus import load_pairs
@@ -163,13 +162,13 @@ def markdown(
     bundle: str,
     version: str,
     spin: bool = False,
-    machine: dict[str, Any] | None = None,
+    machine: str = "",
 ) -> str:
     # What the served process reads: this environment is passed to it (CHITCHAT_RERANK_BY_DEFAULT).
     rerank = "rerank on by default" if Settings().rerank_by_default else "rerank off by default"
     settings = f"{rerank}, CHITCHAT_ORT_SPIN=1" if spin else rerank
     lines = [
-        f"`/reply` under wrk on loopback, {processor(machine)}{cores} cores shared by the server and wrk, {duration} s "
+        f"`/reply` under wrk on loopback, {machine or f'{cores} cores'}, shared by the server and wrk, {duration} s "
         "per row, every "
         "request a multi-turn held-out context whose last turn ends with a tag no other request carries (no "
         f'cache hits). "project": this service on bundle {bundle} and index {version} ({settings}); "naive": '
@@ -197,14 +196,6 @@ def markdown(
         f"{p.get('rss_mb_after_load')} MB after the load. Naive: ready {naive.get('ready_seconds')} s.",
     ]
     return "\n".join(lines) + "\n"
-
-
-def processor(machine: dict[str, Any] | None) -> str:
-    """The CPU as the report's first line names it ("<model> with VNNI, "), from `app.engine.kernels.cpu`'s
-    record; "" for a run that did not record one."""
-    if not machine:
-        return ""
-    return f"{machine['model']} {'with' if machine['vnni'] else 'without'} VNNI, "
 
 
 def main() -> None:
@@ -245,7 +236,7 @@ def main() -> None:
     cores = os.cpu_count() or 0
     args.out.mkdir(parents=True, exist_ok=True)
     report = {
-        "cpu": cpu(),
+        "cpu": cpu_description(),
         "cores": cores,
         "duration_s": args.duration,
         "bundle": bundle.name,

@@ -21,13 +21,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.engine.kernels import cpu
 from bench import reports
 from bench.load import ROOT, contexts
 from core import ann, retriever
 from core.bundle import RELEASE_BUNDLE, open_bundle
 from core.encoder import Encoder, Side
 from core.laps import Laps
+from core.machine import cpu
 from core.retriever import Avoid, Serving, WalkRequest
 from core.store import IndexStore
 

@@ -31,11 +31,11 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.engine.kernels import cpu
 from bench import reports
 from bench.load import ROOT, contexts, rss_mb, start, stop, write_bodies, wrk
 from bench.service import free_port
 from core.bundle import RELEASE_BUNDLE, BundleManifest, open_bundle
+from core.machine import cpu
 from core.store import IndexStore
 
 MODEL_STAGES = ("encode", "search_queries", "search_replies")  # onnxruntime and FAISS; the rest is overhead

@@ -38,11 +38,11 @@ from typing import Any
 import numpy as np
 
 from app.config import Settings
-from app.engine.kernels import cpu
 from app.engine.runtime import Model, load_model
 from bench import reports
 from bench.reaction_share import SHARE, Start, confidences, replay, turns_of, uploaded
 from core.confidence import WARMUP_TURNS
+from core.machine import cpu
 from core.retriever import Avoid, Serving, conversation_script, reaction
 from models import emotions
 from models.reaction_classes import CLASS_NAMES, REACTION_CLASSES, STANCE_AXES, verdict

@@ -33,12 +33,12 @@ from pathlib import Path
 import numpy as np
 
 from app.config import Settings
-from app.engine.kernels import cpu
 from app.engine.runtime import Model, load_model, serve
 from bench import reports
 from core import confidence
 from core.bundle import RELEASE_BUNDLE
 from core.confidence import WARMUP_TURNS, ShareThreshold
+from core.machine import cpu
 from core.records import Candidate
 from core.retriever import Avoid, Serving, reply_matching
 from core.store import IndexStore

@@ -56,7 +56,7 @@ def wait_ready(
 
 def cpu_description() -> str:
     """The CPU model, and whether it has VNNI: int8 speed and int8 saturation both depend on it."""
-    from app.engine.kernels import cpu
+    from core.machine import cpu
 
     found = cpu()  # what the service reports in /info, read the same way
     return f"{found['model']}, {os.cpu_count()} cores, {'with VNNI' if found['vnni'] else 'no VNNI'}"

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 from core.encoder import OUTPUT_NAMES, Encoder
+from core.machine import cpu
 
 PROBES = (
     "hi! how are you?",
@@ -24,15 +24,6 @@ PROBES = (
     "what do you do for fun on weekends?",
 )
 ROUNDS = 5  # each probe this many times per session, the sessions taking turns
-
-
-def cpu() -> dict[str, Any]:
-    """The CPU model and whether it has VNNI (int8 dot products), from /proc/cpuinfo where there is one."""
-    info = Path("/proc/cpuinfo")
-    lines = info.read_text().splitlines() if info.exists() else []
-    model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "unknown")
-    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
-    return {"model": model, "vnni": "avx512_vnni" in flags or "avx_vnni" in flags}
 
 
 def choose_lone_session(encoder: Encoder, spinning: Encoder) -> dict[str, Any]:
