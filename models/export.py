@@ -125,6 +125,35 @@ def ffn_down_projections(onnx_path: Path) -> list[str]:
     ]
 
 
+def layer_of(node_name: str) -> int:
+    """The transformer layer a BertModel graph's node sits in ("/body/encoder/layer.7/output/dense/MatMul" -> 7)."""
+    return int(node_name.split("layer.")[1].split("/")[0])
+
+
+def store_fp16(onnx_path: Path) -> int:
+    """Stores every fp32 MatMul weight of the graph (those quantize_int8 kept) as fp16 behind a Cast to fp32,
+    and returns how many. Half the bytes; onnxruntime folds the Cast at load, so they run in fp32 and
+    their input activations are not quantized, as with fp32 weights."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(onnx_path))
+    weights = {i.name: i for i in model.graph.initializer}
+    casts = []
+    for node in model.graph.node:
+        weight = weights.get(node.input[1]) if node.op_type == "MatMul" else None
+        if weight is None or weight.data_type != onnx.TensorProto.FLOAT:
+            continue
+        half = numpy_helper.from_array(numpy_helper.to_array(weight).astype(np.float16), f"{weight.name}_fp16")
+        model.graph.initializer.remove(weight)
+        model.graph.initializer.append(half)
+        casts.append(helper.make_node("Cast", [half.name], [weight.name], to=onnx.TensorProto.FLOAT))
+    for cast in casts:
+        model.graph.node.insert(0, cast)  # before its MatMul: the graph stays topologically sorted
+    onnx.save(model, str(onnx_path))
+    return len(casts)
+
+
 def quantize_int8(fp32_path: Path, int8_path: Path, keep_fp32: list[str], reduce_range: bool = True) -> None:
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic

@@ -85,3 +85,36 @@ def test_a_fused_fp32_export_is_fused_exact_and_keeps_the_ffn_names_the_int8_pas
     # The fused int8 attempt keeps these in fp32 only if it finds one a layer.
     assert len(ffn_down_projections(bundle_dir / "encoder.onnx")) == layers
     assert sorted(p.name for p in bundle_dir.iterdir()) == ["encoder.onnx", "manifest.json", "tokenizer.json"]
+
+
+def test_down_projections_stored_fp16_run_as_their_fp32_weights_do(tmp_path: Path) -> None:
+    import onnx
+
+    from models.export import ffn_down_projections, layer_of, quantize_int8, store_fp16
+
+    config = ExportConfig(
+        name="tiny-fused-fp32",
+        model_id="t",
+        kind="tiny",
+        tokenizer_path=minilm_path() / TOKENIZER_FILE,
+        quantize=False,
+        fuse=True,
+    )
+    fused = export_bundle(DualEncoder(tiny_body(vocab_size=30522, seed=5)), config, tmp_path / "b", TINY_PARITY_TEXTS)
+    kept = [n for n in ffn_down_projections(fused / "encoder.onnx") if layer_of(n) == 0]
+    assert len(kept) == 1
+    vectors = {}
+    for name, half in (("fp32", False), ("fp16", True)):
+        out = tmp_path / name
+        out.mkdir()
+        quantize_int8(fused / "encoder.onnx", out / "encoder.onnx", kept)
+        if half:
+            assert store_fp16(out / "encoder.onnx") == 1
+        graph = onnx.load(str(out / "encoder.onnx")).graph
+        halves = [i for i in graph.initializer if i.data_type == onnx.TensorProto.FLOAT16]
+        assert len(halves) == (1 if half else 0)
+        for f in ("tokenizer.json", "manifest.json"):
+            (out / f).write_bytes((fused / f).read_bytes())
+        vectors[name] = Encoder(out, read_manifest(fused)).encode(TINY_PARITY_TEXTS, side="context")  # [N, D]
+    cosines = (vectors["fp32"] * vectors["fp16"]).sum(axis=1)  # [N]
+    assert cosines.min() > 0.999
