@@ -23,7 +23,7 @@ ZEROSHOT_E5 := artifacts/bundles/multilingual-e5-small-int8
 
 .PHONY: help install install-train install-test install-dev run serve index first-slice train-e5 train-script eval ood release judge \
 	baselines pack e5-pack train-student multilingual multilingual-tune multilingual-release bench-encoders bench-lexical run-multilingual test test-service test-training \
-	lint format typecheck pytest lock bench bench-profile bench-load bench-precision bench-ann bench-filters bench-cache bench-narrow bench-exact-query bench-reaction-share bench-reactions train-reactions bench-reindex bench-first-slice bench-index-build bench-encode-spin bench-first-run chaos clean \
+	lint format typecheck pytest lock bench bench-profile bench-load bench-precision bench-ann bench-filters bench-cache bench-narrow bench-exact-query bench-reaction-share bench-reactions train-reactions train-reaction-reader bench-reindex bench-first-slice bench-index-build bench-encode-spin bench-first-run chaos clean \
 	docker
 
 help:
@@ -252,6 +252,11 @@ train-reactions: install-train  ## the reaction head for BUNDLE -> BUNDLE/reacti
 	$(PY) -m models.reaction_head --bundle $(BUNDLE)
 bench-reactions: install-train  ## the reaction gate on BUNDLE -> reports/reactions.{md,json}
 	$(PY) -m bench.reaction_gate --bundle $(BUNDLE)
+# The reaction model every set's fallback reads the last turn with (models/reaction_reader.py): e5-small's
+# top 6 layers tuned on the head's training texts, int8, its head and gates fitted there. About 35 min on
+# 2 CPU cores, resumable; PROMOTE=1 tracks it in models/release/reactions.
+train-reaction-reader: $(VENV)/.multilingual  ## the reaction model -> artifacts/reaction-reader/bundle
+	$(PY) -m models.reaction_reader $(if $(PROMOTE),--promote)
 
 chaos: install-dev index  ## faults, overload and hostile input -> reports/chaos.{md,json} (about 26 min)
 	$(PY) -m bench.chaos

@@ -34,6 +34,9 @@ FORMAT_VERSION = 2
 RELEASE_ROOT = Path(__file__).resolve().parents[1] / "models" / "release"
 # The default encoder (`make release` promotes into it): every set that names none.
 RELEASE_BUNDLE = RELEASE_ROOT / "e5"
+# The reaction reader (`make train-reaction-reader`): an encoder that reads the last turn for reactions
+# alone, beside whatever encoder a set retrieves with. Not servable as a set's encoder.
+RELEASE_REACTIONS = RELEASE_ROOT / "reactions"
 
 
 class BundleError(ValueError):

@@ -14,6 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RECIPES = {
     "models/release/e5": ("models.multilingual", "models.teacher", "models.multilingual_release"),
     "models/release/minilm": ("models.pack", "models.script_student"),
+    # The reaction model: its own tune, then the e5 recipe's bundle build.
+    "models/release/reactions": ("models.reaction_reader", "models.multilingual"),
     "release": ("models.calibrate", "models.evaluate", "models.release"),
 }
 
