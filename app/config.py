@@ -6,10 +6,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from core.bundle import RELEASE_BUNDLE, RELEASE_ROOT
+from core.bundle import RELEASE_BUNDLE, RELEASE_REACTIONS, RELEASE_ROOT
 
 
 class Settings(BaseSettings):
@@ -23,6 +23,10 @@ class Settings(BaseSettings):
     # The bundles a set may name as its encoder (`?encoder=` on its first upload), each a
     # directory here, named by it; the default encoder is always one of them, by its own name.
     encoders_dir: Path = RELEASE_ROOT
+    # The reaction model: an encoder of its own, tuned to read a turn's mood, whose classifier
+    # answers every set's low-confidence turns from the last turn (docs/reactions.md). None
+    # (CHITCHAT_REACTIONS_DIR=""): each encoder's own head over its context vectors.
+    reactions_dir: Path | None = RELEASE_REACTIONS
 
     # Unset: in-process session store and cache, the single-machine default. Sessions, the
     # candidate store, jobs and the reindex lock live here: an instance that never evicts.
@@ -178,6 +182,11 @@ class Settings(BaseSettings):
     # Index builds of every set in this process at once, by estimate (~4.4 kB a candidate: 0.4 GB for
     # the chitchat 96k); a job that does not fit waits, and one larger than this runs alone.
     reindex_memory_mb: int = Field(default=1024, ge=64, le=1 << 20)
+
+    @field_validator("reactions_dir", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        return None if value == "" else value  # an environment variable cannot say None
 
     @property
     def bundles_root(self) -> Path:

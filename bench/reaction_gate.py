@@ -3,7 +3,9 @@
     python -m bench.reaction_gate --bundle models/release/e5 --bundle models/release/minilm
     make bench-reactions BUNDLE=models/release/e5
 
-Each bundle is loaded as the service loads it, and each turn answered by the
+Each bundle is loaded as the service loads it, with the service's reaction
+model (models/release/reactions, which reads the last turn itself; `--own-head`:
+the bundle's own head over its context vectors), and each turn answered by the
 service's own reaction path (`core.retriever.reaction`, the first reaction it
 would serve, the user's own words never said back):
 
@@ -38,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from app.config import Settings
-from app.engine.runtime import Model, load_model
+from app.engine.runtime import Model, load_model, load_reaction_model
 from bench import reports
 from bench.reaction_share import SHARE, Start, confidences, replay, turns_of, uploaded
 from core.confidence import WARMUP_TURNS
@@ -59,13 +61,23 @@ def class_of(text: str) -> str | None:
     return next((c.name for c in REACTION_CLASSES if text in c.surface.values()), None)
 
 
+def read_vectors(serving: Serving, texts: list[str]) -> np.ndarray:
+    """[N, D] what the reaction classifier reads of each one-turn conversation: the turn through the
+    reaction model's encoder, or the bundle's context vector. Each read alone, as a lone request is
+    (models.reaction_head.encode_cached says why it matters)."""
+    assert serving.reactions is not None
+    reader = serving.reactions.reader
+    if reader is not None:
+        return encode_cached(reader, texts, alone=True)
+    return encode_cached(serving.encoder, [serving.encoder.join_context([t]) for t in texts], alone=True)
+
+
 def first_reactions(serving: Serving, texts: list[str]) -> list[str | None]:
-    """The class of the reaction the service answers each one-turn conversation with (None: no reaction),
-    each read alone, as a lone request is (models.reaction_head.encode_cached says why it matters)."""
+    """The class of the reaction the service answers each one-turn conversation with (None: no reaction)."""
     vectors = encode_cached(serving.encoder, [serving.encoder.join_context([t]) for t in texts], alone=True)  # [N, D]
     out = []
     for text, vector in zip(texts, vectors, strict=True):
-        hits = reaction(serving, vector, 1, Avoid.of([text]), conversation_script([text]))
+        hits = reaction(serving, text, vector, 1, Avoid.of([text]), conversation_script([text]))
         out.append(class_of(hits[0].text) if hits else None)
     return out
 
@@ -101,7 +113,7 @@ def sides(serving: Serving, excluded: set[tuple[str, str]]) -> dict[str, Any]:
     taken = np.array([side_of_class(name) for name in served])  # [N]
     assert serving.reactions is not None
     row = list(STANCE_AXES).index("valence")
-    vectors = encode_cached(serving.encoder, [serving.encoder.join_context([t]) for t in texts], alone=True)  # [N, D]
+    vectors = read_vectors(serving, texts)  # [N, D]
     forced = np.where(vectors @ serving.reactions.axes[row] + serving.reactions.axis_bias[row] >= 0, 1, -1)  # [N]
     out = {}
     for name in emotions.FILES:
@@ -139,7 +151,7 @@ def share(model: Model, settings: Settings, turns: int) -> list[dict[str, Any]]:
             vectors = serving.encoder.encode([serving.encoder.join_context(w) for w in window], "context")  # [T, D]
             answered = np.array(
                 [
-                    bool(f and reaction(serving, v, 1, Avoid.of(w), conversation_script(w)))
+                    bool(f and reaction(serving, w[-1], v, 1, Avoid.of(w), conversation_script(w)))
                     for f, v, w in zip(fired, vectors, window, strict=True)
                 ]
             )
@@ -156,28 +168,40 @@ def share(model: Model, settings: Settings, turns: int) -> list[dict[str, Any]]:
     return rows
 
 
-def score(bundle: Path, turns: int) -> dict[str, Any]:
+def score(bundle: Path, turns: int, own_head: bool) -> dict[str, Any]:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as work:
         settings = Settings(artifacts_dir=Path(work), bundle_dir=bundle.resolve())
-        model = load_model(settings)
+        if own_head:
+            settings = settings.model_copy(update={"reactions_dir": None})
+        reaction_model = load_reaction_model(settings)
+        model = load_model(settings, reaction_model=reaction_model)
         if model.reactions is None:
             raise SystemExit(f"{bundle}: no reaction classifier")
         tiny = uploaded(model, ["ok", "괜찮아"], Path(work) / "tiny", settings)  # a version to serve reactions beside
         outside = {(r["source"].split(":")[0], r["text"]) for r in labelled_lines() if r["source"] != "written"}
         manifest = model.bundle
+        reader = reaction_model.reader if reaction_model else None
+        reaction_manifest = reader.manifest if reader else manifest
         return {
             "bundle": str(bundle),
             "name": manifest.name,
             "checksum": manifest.checksum,
             "encoder_sha256": manifest.files.get("encoder.onnx"),
-            "gates": (manifest.training.get("reactions") or {}).get("gates"),
+            "reaction_model": reader.manifest.name if reader else None,  # None: the bundle's own head
+            "gates": (reaction_manifest.training.get("reactions") or {}).get("gates"),
             "calibrated_share": manifest.calibration.get("reaction_share"),
             "labelled": labelled(tiny),
             "test_sides": sides(tiny, outside) if emotions.available() else {},
             "share": share(model, settings, turns) if turns else [],
             "seconds": round(time.perf_counter() - started, 1),
         }
+
+
+def served_by(bundle: dict[str, Any]) -> str:
+    """The bundle, and the reaction model that answered for it, if one did."""
+    reader = bundle.get("reaction_model")
+    return f"{bundle['name']} + {reader}" if reader else bundle["name"]
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -196,7 +220,7 @@ def markdown(report: dict[str, Any]) -> str:
         for key, f in b["labelled"]["figures"].items():
             language, part = key.split("/")
             lines.append(
-                f"| {b['name']} | {language} | {part} | {f['lines']} | {f['fits']:.1%} | {f['neutral']:.1%} "
+                f"| {served_by(b)} | {language} | {part} | {f['lines']} | {f['fits']:.1%} | {f['neutral']:.1%} "
                 f"| {f['wrong']:.1%} | {f['wrong_lines']} |"
             )
     lines += [
@@ -211,7 +235,7 @@ def markdown(report: dict[str, Any]) -> str:
         for name, s in b["test_sides"].items():
             right = f"{s['right_side']:.1%}" if s["right_side"] is not None else "–"
             lines.append(
-                f"| {b['name']} | {name} | {s['clear_texts']} ({s['bad_news']} / {s['good_news']}) "
+                f"| {served_by(b)} | {name} | {s['clear_texts']} ({s['bad_news']} / {s['good_news']}) "
                 f"| {s['side_taken']:.1%} | {right} | {s['wrong_side']} | {s['sympathy_to_bad']:.1%} "
                 f"| {s['cheer_to_good']:.1%} | {s['valence_forced_choice']:.1%} |"
             )
@@ -226,13 +250,13 @@ def markdown(report: dict[str, Any]) -> str:
     for b in report["bundles"]:
         for r in b["share"]:
             lines.append(
-                f"| {b['name']} | {r['set']} | {r['turns']} | {r['candidates']} | {r['handed_to_reactions']:.1%} "
+                f"| {served_by(b)} | {r['set']} | {r['turns']} | {r['candidates']} | {r['handed_to_reactions']:.1%} "
                 f"| {r['answered_by_a_reaction']:.1%} |"
             )
     for b in report["bundles"]:
         wrong = [r for r in b["labelled"]["lines"] if r["verdict"] == "wrong"]
         if wrong:
-            lines += ["", f"Wrong reactions of {b['name']}:", ""]
+            lines += ["", f"Wrong reactions of {served_by(b)}:", ""]
             lines += [f"- ({r['language']}, {r['half']}, {r['category']}) {r['text']} -> {r['served']}" for r in wrong]
     return "\n".join(lines) + "\n"
 
@@ -242,13 +266,14 @@ def main() -> None:
     parser.add_argument("--bundle", type=Path, action="append", required=True, help="repeatable")
     parser.add_argument("--turns", type=int, default=2000, help="turns replayed for the share, per set (0: skip)")
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "reactions")
+    parser.add_argument("--own-head", action="store_true", help="each bundle's own head, not the reaction model")
     args = parser.parse_args()
     report = {
         "command": " ".join(["python -m bench.reaction_gate", *sys.argv[1:]]),
         "cpu": cpu(),
         "cores": os.cpu_count(),
         "classes": list(CLASS_NAMES),
-        "bundles": [score(bundle, args.turns) for bundle in args.bundle],
+        "bundles": [score(bundle, args.turns, args.own_head) for bundle in args.bundle],
     }
     reports.write(args.out, report, markdown(report))
 

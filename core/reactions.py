@@ -11,18 +11,22 @@ answers, in order:
    "you too!") has a high one, so it answers only a turn that invites it;
 2. then the bundle's fallback ("oh I see"), which fits almost anything.
 
+What the classifier reads: the context vector of the bundle that retrieves,
+or, for a reaction model (a bundle of kind "reactions", `reading`), the last
+turn through that model's own encoder, tuned to read a turn's mood.
+
 A bundle with no fallback (an older one) answers with every allowed class,
 likeliest first, as before.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
-from core.bundle import REACTIONS_FILE, ReactionSpec
+from core.bundle import REACTIONS_FILE, BundleError, ReactionSpec, open_bundle
 from core.encoder import Encoder
 
 
@@ -50,6 +54,26 @@ class ReactionClassifier:
     guard_pole: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     guard_lean: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     fallback: int = -1  # the class served when none is sure; -1: none
+    # A reaction model's own encoder: the classifier reads the last turn through it. None: it reads
+    # the context vector of the bundle that retrieves.
+    reader: Encoder | None = None
+
+    @classmethod
+    def reading(cls, bundle_dir: Path, intra_op_threads: int = 0) -> ReactionClassifier:
+        """The reaction model at `bundle_dir` (kind "reactions"): its classifier, reading turns with
+        its own encoder. Raises BundleError for a bundle of another kind or one without a head."""
+        manifest = open_bundle(bundle_dir)
+        if manifest.kind != "reactions" or manifest.reactions is None:
+            raise BundleError(f"{bundle_dir} is not a reaction model (kind {manifest.kind!r})")
+        reader = Encoder(bundle_dir, manifest, intra_op_threads)
+        return replace(cls.load(bundle_dir, manifest.reactions, reader), reader=reader)
+
+    def vector(self, turn: str, context_vector: np.ndarray) -> np.ndarray:
+        """[D] what the classifier reads for a conversation whose last turn is `turn` and whose
+        context vector [D'] the retrieving bundle computed."""
+        if self.reader is None:
+            return context_vector
+        return np.asarray(self.reader.encode([turn], side="context")[0])  # [D]
 
     @classmethod
     def load(cls, bundle_dir: Path, spec: ReactionSpec, encoder: Encoder | None = None) -> ReactionClassifier:

@@ -46,7 +46,8 @@ class Serving:
     # The bundle's thresholds, the reply-matching one set from the configured reaction share.
     thresholds: Thresholds
     reranker: PolyReranker | None = None  # the bundle's poly head, if it has one
-    reactions: ReactionClassifier | None = None  # the bundle's reaction classifier, if it has one
+    # The reaction model's classifier where the service has one, else the bundle's own, if it has one.
+    reactions: ReactionClassifier | None = None
     confidence: ConfidenceModel | None = None  # the bundle's confidence model, if it has one
     # The reply-matching threshold that keeps the configured share of recent turns for reactions.
     share: ShareThreshold | None = None
@@ -351,6 +352,7 @@ def reply_matching(
 
 def reaction(
     serving: Serving,
+    turn: str,
     context_vector: np.ndarray,
     k: int,
     avoid: Avoid,
@@ -358,10 +360,10 @@ def reaction(
     rule: Filter | None = None,
 ) -> list[Scored]:
     """The reactions that fit this context best, from a set that speaks its language (`script`: the
-    conversation's, `conversation_script`).
+    conversation's, `conversation_script`). `turn`: the last turn, what a reaction model reads.
 
     Reactions uploaded with the candidates come first, nearest to the context
-    vector (score: the cosine); else the bundle's classifier (score: the class
+    vector (score: the cosine); else the classifier (score: the class
     probability), if its language fits. A reaction is no exception to the echo
     rule: "haha" after "haha" says the user's own words back. Reactions are
     candidates too: `rule` filters them as it filters replies."""
@@ -379,7 +381,7 @@ def reaction(
         labels = classifier.labels_in(language)
         hits = [
             Scored(-1, f"reaction:{c}", labels[c], p, "reaction")
-            for c, p in classifier.top(context_vector, len(classifier.labels))
+            for c, p in classifier.top(classifier.vector(turn, context_vector), len(classifier.labels))
         ]
     else:
         return []
@@ -485,7 +487,7 @@ def walk_in(serving: Serving, request: WalkRequest, language: str | None) -> Ans
                 return Answer(matched[0], matched[:k], reranked, confidence)
     if can_react and vector is not None:
         with lap(request.laps, "reactions"):
-            reactions = reaction(serving, vector, k, avoid, script, rule)
+            reactions = reaction(serving, request.window[-1], vector, k, avoid, script, rule)
         if reactions:
             # The retrieved replies it passed over are the alternatives worth showing.
             shown = [reactions[0], *matched][:k] if matched else reactions

@@ -60,6 +60,7 @@ def settings_for(artifacts: Path, **overrides: object) -> Settings:
         "artifacts_dir": artifacts,
         "bundle_dir": bundle_of(artifacts),
         "encoders_dir": artifacts / "bundles",  # not the release's: the test bundles are what ships
+        "reactions_dir": None,  # each tiny bundle's own head; tests/test_reaction_model.py loads a reader
         "redis_timeout_ms": TEST_REDIS_TIMEOUT_MS,
     }
     return Settings(**{**defaults, **overrides})  # type: ignore[arg-type]

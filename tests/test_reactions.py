@@ -30,7 +30,8 @@ from models.reaction_classes import (
 
 ROOT = Path(__file__).resolve().parents[1]
 LABELLED = ROOT / "bench" / "data" / "reactions_labelled.jsonl"
-SHIPPED = [RELEASE_ROOT / "e5", RELEASE_ROOT / "minilm"]
+# The encoders' own heads, and the reaction model that answers for them (it reads the turn as they do).
+SHIPPED = [RELEASE_ROOT / "e5", RELEASE_ROOT / "minilm", RELEASE_ROOT / "reactions"]
 C = len(CLASS_NAMES)
 FALLBACK_ROW = CLASS_NAMES.index(FALLBACK)
 

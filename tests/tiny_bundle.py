@@ -236,6 +236,7 @@ def build_tiny_bundle(
     reactions: TinyReactions | None = None,
     min_parity_cosine: float = 0.95,
     prefixes: tuple[str, str] = ("", ""),
+    kind: str = "tiny",
 ) -> Path:
     """bundles_root/name: a random encoder, checked against its numpy twin on `parity_texts`.
     Assembled aside and renamed into place. prefixes: (query, passage), as e5 reads its sides."""
@@ -257,7 +258,8 @@ def build_tiny_bundle(
         draft = BundleManifest(
             name=name,
             model_id="tiny-random-wordpiece" + (" + poly" if poly else ""),
-            kind="tiny",
+            kind=kind,
+            servable=kind != "reactions",  # a reaction model reads turns; no set retrieves with it
             dim=dim,
             num_layers=1,
             # A character a piece: about the text MiniLM's 64 and 96 word pieces (models.export) hold.

@@ -33,12 +33,13 @@ def model_info(serving: Serving, rerank_by_default: bool) -> dict[str, Any]:
         "language": bundle.language,
         "languages": bundle.languages or [bundle.language],
         "reactions": {
-            "labels": bundle.reactions.labels,
-            "language": bundle.reactions.language,
-            "translations": bundle.reactions.translations,
+            "labels": serving.reactions.labels,
+            "language": serving.reactions.language,
+            "translations": serving.reactions.translations,
         }
-        if bundle.reactions
+        if serving.reactions
         else None,
+        "reaction_model": reaction_model(serving),
         "reaction_sets": [asdict(s) for s in serving.reaction_sets()],
         "reaction_fallback": reaction_fallback(serving),
         "confidence": {"features": bundle.confidence.features, "validation_auroc": bundle.confidence.auroc}
@@ -137,6 +138,15 @@ def thresholds_from(serving: Serving) -> str:
 
 def _no_reply_threshold(serving: Serving) -> bool:
     return serving.share is None and serving.thresholds.reply_matching <= -1
+
+
+def reaction_model(serving: Serving) -> dict[str, Any] | None:
+    """The reaction model whose classifier reads the last turn, if the service has one (else the
+    classifier, if any, is the bundle's own, reading its context vector)."""
+    reader = serving.reactions.reader if serving.reactions else None
+    if reader is None:
+        return None
+    return {"name": reader.manifest.name, "checksum": reader.manifest.checksum, "reads": "the last turn"}
 
 
 def reaction_fallback(serving: Serving) -> str:

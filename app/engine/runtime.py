@@ -73,6 +73,8 @@ class Runtime:
     encoder_queue: EncoderQueue
     stages: Stages  # seconds per stage of each request, for /metrics
     model: Model | None = None  # the default encoder's
+    # Every model's reaction classifier, when the service has a reaction model (`load_reaction_model`).
+    reaction_model: ReactionClassifier | None = None
     problem: str | None = None  # why the model is None, for /readyz
     # encoder name -> bundle directory: what a set may name (`Settings.encoders_dir`, and the default).
     encoders: dict[str, Path] = field(default_factory=dict)
@@ -124,7 +126,8 @@ class Runtime:
             raise UnknownEncoder(name, sorted(self.encoders))
         with self.models_lock:
             if name not in self.models:
-                self.models = {**self.models, name: load_model(self.settings, self.encoders[name])}
+                model = load_model(self.settings, self.encoders[name], self.reaction_model)
+                self.models = {**self.models, name: model}
                 log.info("loaded encoder %s for the sets that name it", name)
             return self.models[name]
 
@@ -216,8 +219,20 @@ class Model:
     confidence: ConfidenceModel | None
 
 
-def load_model(settings: Settings, bundle_dir: Path | None = None) -> Model:
-    """The bundle at `bundle_dir` (default: the default encoder's) with what serving needs of it."""
+def load_reaction_model(settings: Settings) -> ReactionClassifier | None:
+    """The reaction model's classifier, reading turns with its own encoder; None where the settings
+    name none. Loaded once: every encoder's model shares it."""
+    folder = settings.reactions_dir
+    if folder is None:
+        return None
+    return in_lowered_thread(lambda: ReactionClassifier.reading(folder, settings.ort_intra_op_threads), SERVING)
+
+
+def load_model(
+    settings: Settings, bundle_dir: Path | None = None, reaction_model: ReactionClassifier | None = None
+) -> Model:
+    """The bundle at `bundle_dir` (default: the default encoder's) with what serving needs of it.
+    `reaction_model` (`load_reaction_model`) answers its reactions in place of the bundle's own head."""
     bundle_dir = bundle_dir or settings.bundle_dir
     bundle = open_bundle(bundle_dir)  # a bundle whose files do not match its manifest stops here
     # Made in a lowered thread, so the sessions' own threads start below the event loop (priority.py).
@@ -234,9 +249,8 @@ def load_model(settings: Settings, bundle_dir: Path | None = None) -> Model:
         bundle_dir=bundle_dir,
         encoder=encoder,
         reranker=PolyReranker(bundle.poly) if bundle.poly is not None else None,
-        reactions=ReactionClassifier.load(bundle_dir, bundle.reactions, encoder)
-        if bundle.reactions is not None
-        else None,
+        reactions=reaction_model
+        or (ReactionClassifier.load(bundle_dir, bundle.reactions, encoder) if bundle.reactions is not None else None),
         confidence=ConfidenceModel(bundle.confidence) if bundle.confidence is not None else None,
     )
 
@@ -291,7 +305,7 @@ def no_index(bundle: BundleManifest) -> NotReady:
 def load_newest_serving(settings: Settings, store: IndexStore) -> Serving:
     """The configured bundle with the newest index version built with it."""
     started = time.perf_counter()
-    model = load_model(settings)
+    model = load_model(settings, reaction_model=load_reaction_model(settings))
     version = store.latest_for(model.bundle.checksum)
     if version is None:
         raise no_index(model.bundle)
@@ -353,7 +367,8 @@ def build_runtime(settings: Settings) -> Runtime:
     runtime.add_set(DEFAULT_SET)
     runtime.encoders = {**shipped_bundles(settings.encoders_dir), runtime.default_encoder: settings.bundle_dir}
     try:
-        runtime.model = load_model(settings)
+        runtime.reaction_model = load_reaction_model(settings)
+        runtime.model = load_model(settings, reaction_model=runtime.reaction_model)
         runtime.models = {runtime.default_encoder: runtime.model}
     except (NotReady, FileNotFoundError, ValueError) as error:
         runtime.problem = str(error)
