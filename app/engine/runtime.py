@@ -228,6 +228,11 @@ def load_reaction_model(settings: Settings) -> ReactionClassifier | None:
     return in_lowered_thread(lambda: ReactionClassifier.reading(folder, settings.ort_intra_op_threads), SERVING)
 
 
+def own_reactions(bundle_dir: Path, bundle: BundleManifest, encoder: Encoder) -> ReactionClassifier | None:
+    """The bundle's own reaction head over its context vectors, if it has one."""
+    return ReactionClassifier.load(bundle_dir, bundle.reactions, encoder) if bundle.reactions is not None else None
+
+
 def load_model(
     settings: Settings, bundle_dir: Path | None = None, reaction_model: ReactionClassifier | None = None
 ) -> Model:
@@ -249,8 +254,7 @@ def load_model(
         bundle_dir=bundle_dir,
         encoder=encoder,
         reranker=PolyReranker(bundle.poly) if bundle.poly is not None else None,
-        reactions=reaction_model
-        or (ReactionClassifier.load(bundle_dir, bundle.reactions, encoder) if bundle.reactions is not None else None),
+        reactions=reaction_model if reaction_model is not None else own_reactions(bundle_dir, bundle, encoder),
         confidence=ConfidenceModel(bundle.confidence) if bundle.confidence is not None else None,
     )
 
