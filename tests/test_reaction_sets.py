@@ -111,9 +111,8 @@ def test_the_bundles_own_classes_answer_in_each_language_they_are_written_in(tmp
     multilingual = replace(serving, bundle=replace(serving.bundle, language="mul"), reactions=classifier)
     vector = np.zeros(dim, np.float32)
     avoid = Avoid.of(["x"])
-    assert [h.text for h in reaction(multilingual, vector, 1, avoid, script(["i failed my exam"]))] == ["oh no"]
-    assert [h.text for h in reaction(multilingual, vector, 1, avoid, script(["나 시험 망했어"]))] == ["헐"]
-    assert reaction(multilingual, vector, 1, avoid, script(["試験に落ちた"])) == []
+    for turn, answer in [("i failed my exam", ["oh no"]), ("나 시험 망했어", ["헐"]), ("試験に落ちた", [])]:
+        assert [h.text for h in reaction(multilingual, turn, vector, 1, avoid, script([turn]))] == answer
     assert multilingual.reaction_sets()[:2] == [ReactionSet("model", "en", 2), ReactionSet("model", "ko", 2)]
     np.savez(tmp_path / REACTIONS_FILE, weight=weight, bias=np.zeros(2, np.float32))
     spec = ReactionSpec(labels=["haha", "oh no"], coverage=0.1, translations={"ko": ["ㅋㅋㅋ"]})
