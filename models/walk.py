@@ -106,7 +106,7 @@ def replay(
         avoid = Avoid.of(window)
         q = retriever.query_similarity(serving, last[i], 1, avoid, contexts[i][-1])
         r = retriever.reply_matching(serving, context[i], 1, avoid, None if poly is None else poly[i], rerank_depth)
-        x = retriever.reaction(serving, context[i], 1, avoid, retriever.conversation_script(window))
+        x = retriever.reaction(serving, window[-1], context[i], 1, avoid, retriever.conversation_script(window))
         rows.append(features([h.score for h in r], window, r[0].text if r else ""))
         unfiltered = retriever.reply_matching(
             serving, context[i], 1, Avoid(), None if poly is None else poly[i], rerank_depth
