@@ -253,7 +253,7 @@ train-reactions: install-train  ## the reaction head for BUNDLE -> BUNDLE/reacti
 bench-reactions: install-train  ## the reaction gate on BUNDLE -> reports/reactions.{md,json}
 	$(PY) -m bench.reaction_gate --bundle $(BUNDLE)
 # The reaction model every set's fallback reads the last turn with (models/reaction_reader.py): e5-small's
-# top 6 layers tuned on the head's training texts, int8, its head and gates fitted there. About 35 min on
+# top 6 layers tuned on the head's training texts, int8, its head and gates fitted there. About 40 min on
 # 2 CPU cores, resumable; PROMOTE=1 tracks it in models/release/reactions.
 train-reaction-reader: $(VENV)/.multilingual  ## the reaction model -> artifacts/reaction-reader/bundle
 	$(PY) -m models.reaction_reader $(if $(PROMOTE),--promote)

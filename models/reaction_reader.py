@@ -1,6 +1,6 @@
 """The reaction reader: multilingual-e5-small with its top layers tuned to read a turn's mood.
 
-    python -m models.reaction_reader              # or: make train-reaction-reader (about 35 min on 2 cores)
+    python -m models.reaction_reader              # or: make train-reaction-reader (about 40 min on 2 cores)
     python -m models.reaction_reader --promote    # ... and track it in models/release/reactions
 
 The head of models/reaction_head.py is linear over the retrieval encoder's
@@ -78,8 +78,8 @@ class ReaderConfig:
     epochs: float = 2.0  # over the head's ~33,000 training texts: 2,077 steps of 32
     batch: int = 32
     max_tokens: int = 64  # as the bundle serves a turn; the emotion texts are comments, most far shorter
-    # The embeddings and this many bottom layers stay e5-small's. Tuning all six layers of the
-    # 6-layer student read more wrong reactions on half A at every gate (docs/experiments.md).
+    # The embeddings and this many bottom layers stay e5-small's. The 6-layer student with every
+    # layer tuned was wrong 3 + 3 times on half B; this, once (fp32, docs/experiments.md).
     frozen_layers: int = 6
     body_lr: float = 3e-5
     head_lr: float = 2e-3  # the auxiliary heads start from zero, the layers from a good encoder
