@@ -212,7 +212,7 @@ def main() -> None:
             f"python -m index --bundle {bundle_dir} --artifacts {artifacts}"
         )
     print(f"[load] bundle {bundle.name} ({bundle_dir}), index {version}", flush=True)
-    envs = _environments(bundle_dir, artifacts, store.path(version), args.spin)
+    envs = _environments(bundle_dir, artifacts, store.path(version), args.spin, args.own_head)
     pool = contexts()
     nonce = os.urandom(3).hex()  # a fresh tag per invocation too, should a cache outlive a run
     rows: list[dict[str, Any]] = []
@@ -242,6 +242,7 @@ def main() -> None:
         "bundle": bundle.name,
         "bundle_dir": str(bundle_dir),
         "ort_spin": args.spin,
+        "reaction_model": not args.own_head,  # False: each turn handed to a reaction read by the bundle's own head
         "index_version": version,
         "unique_requests": "every request's last turn carries its own tag (bench/load.lua)",
         "rows": rows,
@@ -270,11 +271,16 @@ def _arguments() -> argparse.Namespace:
         help="which naive services to run: MiniLM's takes minutes to encode its replies the first time",
     )
     parser.add_argument("--spin", action="store_true", help="serve with CHITCHAT_ORT_SPIN=1")
+    parser.add_argument(
+        "--own-head", action="store_true", help="no reaction model: the bundle's own head (CHITCHAT_REACTIONS_DIR='')"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "reports")
     return parser.parse_args()
 
 
-def _environments(bundle_dir: Path, artifacts: Path, index_dir: Path, spin: bool) -> dict[str, dict[str, str]]:
+def _environments(
+    bundle_dir: Path, artifacts: Path, index_dir: Path, spin: bool, own_head: bool = False
+) -> dict[str, dict[str, str]]:
     """Each service's environment, by name: this project's, and the naive services' on the same
     index version (`index_dir`)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHITCHAT_")}  # no Redis: nothing shared
@@ -284,6 +290,7 @@ def _environments(bundle_dir: Path, artifacts: Path, index_dir: Path, spin: bool
             "CHITCHAT_BUNDLE_DIR": str(bundle_dir),
             "CHITCHAT_ARTIFACTS_DIR": str(artifacts),
             "CHITCHAT_ORT_SPIN": "1" if spin else "0",
+            **({"CHITCHAT_REACTIONS_DIR": ""} if own_head else {}),
         },
         # The naive service answers from the same index version's replies (its own vectors, cached by model).
         "naive": {**env, "NAIVE_INDEX_DIR": str(index_dir), "NAIVE_CACHE_DIR": str(artifacts / "bench")},
