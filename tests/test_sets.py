@@ -358,3 +358,15 @@ async def test_a_job_record_that_cannot_be_read_refuses_no_upload(make_client: A
     (jobs / "deadbeef.json").write_text("{not json")
     async with make_client(artifacts_dir=own_artifacts, admin_token=TOKEN) as client:
         await upload_to(client, "english", ENGLISH)
+
+
+async def test_a_set_with_no_version_yet_has_an_index_answer_not_an_outage(two_bots: httpx.AsyncClient) -> None:
+    """A set whose first version is still building (or failed to) answers GET .../index with nothing
+    current, 200: a 503 there read as the service being down (found by tests/test_schema_fuzz.py)."""
+    runtime = two_bots._transport.app.state.service.runtime  # type: ignore[attr-defined]
+    runtime.add_set("pending").problem = "set 'pending' has no index version yet"
+    response = await two_bots.get("/admin/sets/pending/index", headers=AUTH)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["current"] is None and body["versions"] == [] and body["problem"].endswith("no index version yet")
+    assert (await two_bots.get("/admin/sets/english/index", headers=AUTH)).json()["problem"] is None
