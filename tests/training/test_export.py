@@ -61,21 +61,23 @@ def test_failed_parity_leaves_no_bundle(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+FUSED_FP32 = ExportConfig(
+    name="tiny-fused-fp32",
+    model_id="t",
+    kind="tiny",
+    tokenizer_path=minilm_path() / TOKENIZER_FILE,
+    quantize=False,
+    fuse=True,
+)
+
+
 def test_a_fused_fp32_export_is_fused_exact_and_keeps_the_ffn_names_the_int8_pass_excludes(tmp_path: Path) -> None:
     import onnx
 
     from models.export import ffn_down_projections
 
     body = tiny_body(vocab_size=30522, seed=5)
-    config = ExportConfig(
-        name="tiny-fused-fp32",
-        model_id="t",
-        kind="tiny",
-        tokenizer_path=minilm_path() / TOKENIZER_FILE,
-        quantize=False,
-        fuse=True,
-    )
-    bundle_dir = export_bundle(DualEncoder(body), config, tmp_path, TINY_PARITY_TEXTS)
+    bundle_dir = export_bundle(DualEncoder(body), FUSED_FP32, tmp_path, TINY_PARITY_TEXTS)
     manifest = read_manifest(bundle_dir)
     assert manifest.quantization == "fused, none"
     assert manifest.parity["min_cosine"] > 0.9999
@@ -92,15 +94,9 @@ def test_down_projections_stored_fp16_run_as_their_fp32_weights_do(tmp_path: Pat
 
     from models.export import ffn_down_projections, layer_of, quantize_int8, store_fp16
 
-    config = ExportConfig(
-        name="tiny-fused-fp32",
-        model_id="t",
-        kind="tiny",
-        tokenizer_path=minilm_path() / TOKENIZER_FILE,
-        quantize=False,
-        fuse=True,
+    fused = export_bundle(
+        DualEncoder(tiny_body(vocab_size=30522, seed=5)), FUSED_FP32, tmp_path / "b", TINY_PARITY_TEXTS
     )
-    fused = export_bundle(DualEncoder(tiny_body(vocab_size=30522, seed=5)), config, tmp_path / "b", TINY_PARITY_TEXTS)
     kept = [n for n in ffn_down_projections(fused / "encoder.onnx") if layer_of(n) == 0]
     assert len(kept) == 1
     vectors = {}
