@@ -10,8 +10,8 @@ not a store of vectors (those live in the versions' indexes).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -47,13 +47,22 @@ class EncodeCache:
         return vectors
 
     def put(self, texts: Sequence[str], vectors: np.ndarray) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        with atomic_file(self.path(texts), "wb") as f:
-            np.save(f, vectors.astype(np.float32))
+        # Builds with the same bundle share the folder (two sets' uploads at once, say): another
+        # build's `forget` may remove it, empty, between the mkdir and the write. Then once more.
+        for last in (False, True):
+            self.folder.mkdir(parents=True, exist_ok=True)
+            try:
+                with atomic_file(self.path(texts), "wb") as f:
+                    np.save(f, vectors.astype(np.float32))
+                return
+            except FileNotFoundError:
+                if last:
+                    raise
 
     def forget(self, chunks: Sequence[Sequence[str]]) -> None:
-        """Removes these chunks' files, and the folder once it is empty."""
+        """Removes these chunks' files, and the folder once it is empty: rmdir removes only an empty
+        one, so another build's chunks written meanwhile keep it (a check, then a remove, raced one)."""
         for texts in chunks:
             self.path(texts).unlink(missing_ok=True)
-        if self.folder.is_dir() and not any(self.folder.iterdir()):
-            shutil.rmtree(self.folder, ignore_errors=True)
+        with contextlib.suppress(OSError):  # another build's chunks are in it, or it is gone already
+            self.folder.rmdir()

@@ -225,3 +225,39 @@ async def test_an_upload_that_lands_before_the_full_build_starts_wins(
         answer = (await client.post("/reply", json={"context": ["hello number 7"]})).json()
         assert answer["reply"] == "my own reply" and answer["candidates"][0]["id"] == "mine"
     assert owed(own / "indexes") is None
+
+
+def test_builds_sharing_the_encode_cache_never_remove_each_others_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two sets' builds with one bundle share the cache's folder. A clean-clone CI run met both races:
+    one build's `forget` removing the folder between the other's check and listing (FileNotFoundError
+    in `forget`), and between the other's mkdir and its write (in `put`). Each is staged here."""
+    import index.encode_cache as encode_cache
+
+    first, second = EncodeCache(tmp_path, "c" * 64), EncodeCache(tmp_path, "c" * 64)
+    vectors = np.ones((1, 4), np.float32)  # [C, D]
+    first.put(["a"], vectors)
+    second.put(["b"], vectors)
+    first.forget([["a"]])
+    np.testing.assert_array_equal(second.get(["b"]), vectors)  # the other build's chunk stays
+    second.forget([["b"]])
+    assert not second.folder.exists()
+
+    real_is_dir = Path.is_dir
+    monkeypatch.setattr(Path, "is_dir", lambda p: True if p == first.folder else real_is_dir(p))  # seen, then gone
+    first.forget([["a"]])
+    monkeypatch.undo()
+
+    real_atomic_file = encode_cache.atomic_file
+    calls = []
+
+    def removed_first(path: Path, mode: str = "w"):  # type: ignore[no-untyped-def]
+        calls.append(path)
+        if len(calls) == 1:
+            path.parent.rmdir()  # the other build's forget, just after this one's mkdir
+        return real_atomic_file(path, mode)
+
+    monkeypatch.setattr(encode_cache, "atomic_file", removed_first)
+    first.put(["a"], vectors)
+    assert len(calls) == 2 and first.get(["a"]) is not None
