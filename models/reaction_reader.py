@@ -168,13 +168,15 @@ def tune(weights: E5Weights, tokenizer: Path, config: ReaderConfig) -> tuple[dic
     return layers, {**stats, "texts": n, "batch": config.batch}
 
 
-def export(weights: E5Weights, tokenizer: Path, layers: dict[str, np.ndarray], record: dict[str, Any]) -> Path:
+def export(
+    weights: E5Weights, tokenizer: Path, layers: dict[str, np.ndarray], record: dict[str, Any], config: ReaderConfig
+) -> Path:
     """The tuned encoder as an int8 bundle of kind "reactions", its head and gates fitted there."""
     out = OUT / "bundle"
     spec = BundleSpec(
         name="reaction-reader",
         kind="reactions",
-        max_context_tokens=ReaderConfig.max_tokens,
+        max_context_tokens=config.max_tokens,  # as the tune read its texts
         max_context_turns=1,
         languages=["en", "ko"],
         min_parity_cosine=READER_PARITY[0],
@@ -201,7 +203,7 @@ def main() -> None:
     weights, tokenizer = base_weights()
     layers, stats = tune(weights, tokenizer, config)
     record = {"config": asdict(config), "training": stats}
-    bundle = export(weights, tokenizer, layers, record)
+    bundle = export(weights, tokenizer, layers, record, config)
     gates = read_manifest(bundle).training["reactions"]["gates"]
     print(json.dumps(gates, indent=1))
     if args.promote:
