@@ -96,10 +96,6 @@ class ReactionSpec:
     # The class that answers when no class is sure (a reaction that fits almost anything, "oh I
     # see"); -1: none, every allowed class answers in order of probability.
     fallback: int = -1
-    # [C] a family number per class: classes that answer the same turns ("congrats!", "that's
-    # awesome!", "oh nice!" to good news) pool their probability against a floor, so a head split
-    # between them is still sure. [] each class alone.
-    families: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -7,10 +7,8 @@ answers, in order:
 1. every class that is *allowed* and *sure*, likeliest first. Allowed: it takes
    no side, or the context leans its way on its axis by the axis's margin
    (valence: a learned good-against-bad direction; phase: greeting against
-   farewell). Sure: its family's probability (its own, pooled with the allowed
-   classes that answer the same turns: "congrats!" and "that's awesome!")
-   reaches its floor; a mirror ("me too!", "you too!") has a high one, so it
-   answers only a turn that invites it;
+   farewell). Sure: its probability reaches its floor; a mirror ("me too!",
+   "you too!") has a high one, so it answers only a turn that invites it;
 2. then the bundle's fallback ("oh I see"), which fits almost anything.
 
 What the classifier reads: the context vector of the bundle that retrieves,
@@ -56,7 +54,6 @@ class ReactionClassifier:
     guard_pole: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     guard_lean: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     fallback: int = -1  # the class served when none is sure; -1: none
-    families: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [C]; empty: each class alone
     # A reaction model's own encoder: the classifier reads the last turn through it. None: it reads
     # the context vector of the bundle that retrieves.
     reader: Encoder | None = None
@@ -103,8 +100,6 @@ class ReactionClassifier:
                 raise ValueError(f"{len(texts)} {language} reactions for {len(spec.labels)} classes")
         if spec.floors and len(spec.floors) != len(spec.labels):
             raise ValueError(f"{len(spec.floors)} floors for {len(spec.labels)} classes")
-        if spec.families and len(spec.families) != len(spec.labels):
-            raise ValueError(f"{len(spec.families)} families for {len(spec.labels)} classes")
         if not -1 <= spec.fallback < len(spec.labels):
             raise ValueError(f"fallback {spec.fallback} names no class of {len(spec.labels)}")
         learned = arrays.get("axes")
@@ -132,7 +127,6 @@ class ReactionClassifier:
             axis_margin=np.array([spec.margins.get(n, spec.stance_margin) for n in names], np.float32),
             floors=np.array(spec.floors, np.float32),
             fallback=spec.fallback,
-            families=np.array(spec.families, np.int64),
             guard_axis=np.array([g[0] for g in guards], np.int64),
             guard_pole=np.array([g[1] for g in guards], np.float32),
             guard_lean=np.array([g[2] for g in guards], np.float32),
@@ -188,15 +182,13 @@ class ReactionClassifier:
 
     def answers(self, contexts: np.ndarray) -> np.ndarray:
         """contexts: [N, D] -> [N] the class each is answered with first, as `top` orders them."""
-        return first_answers(
-            self.probabilities(contexts), self.allowed_all(contexts), self.floors, self.fallback, self.families
-        )
+        return first_answers(self.probabilities(contexts), self.allowed_all(contexts), self.floors, self.fallback)
 
     def top(self, context: np.ndarray, k: int) -> list[tuple[int, float]]:
         """context: [D] -> up to k (class, probability), best first: the allowed and sure classes by
         probability, then the fallback (when the bundle names one)."""
         probs = self.probabilities(context[None, :])[0]  # [C]
-        ok = sure(probs[None, :], self.allowed(context)[None, :], self.floors, self.families)[0]  # [C]
+        ok = self.allowed(context) & (probs >= self.floors if len(self.floors) else True)  # [C]
         best = [int(c) for c in np.argsort(-probs, kind="stable") if ok[c]]
         if self.fallback >= 0 and self.fallback not in best:
             best.append(self.fallback)
@@ -224,28 +216,10 @@ def guarded(
     return keep
 
 
-def sure(probs: np.ndarray, allowed: np.ndarray, floors: np.ndarray, families: np.ndarray) -> np.ndarray:
-    """probs, allowed: [N, C]; floors, families: [C] or empty -> [N, C] whether each class is allowed
-    and sure: the probability of the allowed classes of its family reaches its floor."""
-    if not len(floors):
-        return allowed
-    pooled = probs
-    if len(families):
-        same = families[:, None] == families[None, :]  # [C, C]
-        pooled = np.where(allowed, probs, 0.0) @ same.T  # [N, C]
-    return np.asarray(allowed & (pooled >= floors[None, :]))
-
-
-def first_answers(
-    probs: np.ndarray,
-    allowed: np.ndarray,
-    floors: np.ndarray,
-    fallback: int,
-    families: np.ndarray | None = None,
-) -> np.ndarray:
-    """probs, allowed: [N, C]; floors, families: [C] or empty -> [N] the likeliest class that is
-    allowed and sure (`sure`), else `fallback` (-1: none)."""
-    ok = sure(probs, allowed, floors, np.zeros(0, np.int64) if families is None else families)  # [N, C]
+def first_answers(probs: np.ndarray, allowed: np.ndarray, floors: np.ndarray, fallback: int) -> np.ndarray:
+    """probs, allowed: [N, C]; floors: [C] or empty -> [N] the likeliest class that is allowed and
+    sure (its probability at least its floor), else `fallback` (-1: none)."""
+    ok = allowed & (probs >= floors[None, :]) if len(floors) else allowed  # [N, C]
     best = np.argmax(np.where(ok, probs, -1.0), axis=1)  # [N]
     return np.where(ok.any(axis=1), best, fallback)
 

@@ -40,9 +40,6 @@ class ReactionClass:
     # "mirror": says the user's feeling back, served only to a turn that invites it (a high floor);
     # "fallback": served when no class is sure; "" for the rest.
     role: str = ""
-    # Classes of one family fit the same kinds of turn (KINDS): a head split between "congrats!" and
-    # "that's awesome!" is sure of good news, so their probabilities pool against a floor. "": alone.
-    family: str = ""
 
 
 REACTION_CLASSES = (
@@ -53,25 +50,19 @@ REACTION_CLASSES = (
         stance="valence-",
     ),
     ReactionClass(
-        "congrats",
-        {"en": "congrats!", "ko": "축하해!"},
-        ("congrats", "congratulations", "yay"),
-        stance="valence+",
-        family="cheer",
+        "congrats", {"en": "congrats!", "ko": "축하해!"}, ("congrats", "congratulations", "yay"), stance="valence+"
     ),
     ReactionClass(
         "great",
         {"en": "that's awesome!", "ko": "와 잘됐다!"},
         ("that's awesome", "awesome", "that's great", "that's amazing", "that sounds awesome", "that's good", "great"),
         stance="valence+",
-        family="cheer",
     ),
     ReactionClass(
         "cool",
         {"en": "oh nice!", "ko": "오 좋다!"},
         ("nice", "oh nice", "cool", "oh cool", "that's cool", "haha nice", "sweet"),
         stance="valence+",
-        family="cheer",
     ),
     # Laughter takes no side: a joke is often a mishap ("I walked into a glass door"), which reads as
     # a little bad. The bad-news guard keeps it from a turn that leans to bad news.
@@ -89,28 +80,18 @@ REACTION_CLASSES = (
         {"en": "hi!", "ko": "안녕!"},
         ("hi", "hello", "hey", "hey there", "hi there", "oh hey", "hi again", "hey again"),
         stance="phase+",
-        family="opening",
     ),
     ReactionClass(
         "how_are_you",
         {"en": "how are you?", "ko": "잘 지냈어?"},
         ("how are you", "how's it going", "what's up", "hey what's up", "how are you doing", "hey how are you"),
         stance="phase+",
-        family="opening",
     ),
     ReactionClass(
-        "bye",
-        {"en": "bye!", "ko": "잘 가!"},
-        ("bye", "see ya", "see you", "talk to you later"),
-        stance="phase-",
-        family="closing",
+        "bye", {"en": "bye!", "ko": "잘 가!"}, ("bye", "see ya", "see you", "talk to you later"), stance="phase-"
     ),
     ReactionClass(
-        "good_night",
-        {"en": "good night!", "ko": "잘 자!"},
-        ("good night", "night", "goodnight"),
-        stance="phase-",
-        family="closing",
+        "good_night", {"en": "good night!", "ko": "잘 자!"}, ("good night", "night", "goodnight"), stance="phase-"
     ),
     ReactionClass(
         "me_too", {"en": "me too!", "ko": "나도!"}, ("me too", "same", "same here", "yeah me too"), role="mirror"
@@ -126,11 +107,6 @@ REACTION_CLASSES = (
 CLASS_NAMES = tuple(c.name for c in REACTION_CLASSES)
 FALLBACK = next(c.name for c in REACTION_CLASSES if c.role == "fallback")
 MIRRORS = frozenset(c.name for c in REACTION_CLASSES if c.role == "mirror")
-# [C] each class's family as a number (ReactionSpec.families): a class of no family is one alone.
-FAMILIES = [
-    next(i for i, other in enumerate(REACTION_CLASSES) if (other.family or other.name) == (c.family or c.name))
-    for c in REACTION_CLASSES
-]
 # Reactions that are amazed or say the user's words back: never the answer to a turn nothing is sure
 # about. "wow" and "우와" are no longer classes; they stay here so that no bundle brings them back.
 NEVER_UNSURE = frozenset({"wow", "우와", "me too!", "나도!", "you too!", "너도!"})

@@ -52,7 +52,6 @@ from models import emotions
 from models.reaction_classes import (
     CLASS_NAMES,
     FALLBACK,
-    FAMILIES,
     KINDS,
     REACTION_CLASSES,
     STANCE_AXES,
@@ -171,7 +170,6 @@ class ReactionConfig:
     floor_grid: tuple[float, ...] = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.01)
     mirror_grid: tuple[float, ...] = (0.5, 0.7, 0.9, 1.01)  # 1.01: never
     phase_grid: tuple[float, ...] = (0.0, 0.02)
-    pool_grid: tuple[bool, ...] = (False, True)  # whether a class's family pools its probability
 
 
 @dataclass
@@ -464,11 +462,6 @@ class Gates:
     floor: float  # the floor of every other class
     mirror: float  # the floor of a mirror
     phase: float  # the phase axis's margin
-    pool: bool = False  # classes of one family pool their probability against a floor (FAMILIES)
-
-    def families(self) -> list[int]:
-        """[C] ReactionSpec.families: FAMILIES when pooling, else none."""
-        return list(FAMILIES) if self.pool else []
 
     def margins(self) -> dict[str, float]:
         """axis -> the lean a class needs: valence in log-odds, phase in its own units."""
@@ -496,9 +489,7 @@ def _logit(p: float) -> float:
 
 
 def with_gates(model: ReactionModel, gates: Gates) -> ReactionModel:
-    spec = replace(
-        model.spec, margins=gates.margins(), floors=gates.floors(), guards=gates.guards(), families=gates.families()
-    )
+    spec = replace(model.spec, margins=gates.margins(), floors=gates.floors(), guards=gates.guards())
     return replace(model, spec=spec)
 
 
@@ -544,7 +535,7 @@ class Scored:
             toward = (self.valence * sign)[:, None]  # [N, 1]
             guard = (np.array([row]), np.array([sign]), np.array([lean]))
             allowed &= guarded(toward, guard[2], guard[0], guard[1], self.axis_of, self.pole, fallback)
-        return first_answers(self.probs, allowed, np.array(gates.floors()), fallback, np.array(gates.families()))
+        return first_answers(self.probs, allowed, np.array(gates.floors()), fallback)
 
 
 def verdicts(served: np.ndarray, kinds: Sequence[str]) -> list[str]:
@@ -589,16 +580,15 @@ def choose_gates(
     dev_by_source = {name: np.array(dev_sources) == name for name in config.side_sources if name in dev_sources}
     table = verdict_table(kinds)  # [N, C + 1]
     tried: list[dict[str, Any]] = []
-    for valence, guard, phase, sided, floor, mirror, pool in itertools.product(
+    for valence, guard, phase, sided, floor, mirror in itertools.product(
         config.valence_grid,
         config.guard_grid,
         config.phase_grid,
         config.sided_grid,
         config.floor_grid,
         config.mirror_grid,
-        config.pool_grid,
     ):
-        gates = Gates(valence, guard, sided, floor, mirror, phase, pool)
+        gates = Gates(valence, guard, sided, floor, mirror, phase)
         judged = table[np.arange(len(table)), scored.answers(gates)]  # [N] verdict codes
         served = dev_scored.answers(gates)  # [M]
         tried.append(
@@ -606,7 +596,6 @@ def choose_gates(
                 "gates": asdict(gates),
                 "wrong": int((judged == 2).sum()),
                 "fits": round(min(float((judged[m] == 0).mean()) for m in by_language.values()), 4),
-                "fits_mean": round(float(np.mean([(judged[m] == 0).mean() for m in by_language.values()])), 4),
                 "side_accuracy": round(
                     min(side_accuracy(served[m], dev_sides[m])[0] for m in dev_by_source.values()), 4
                 ),
@@ -616,10 +605,10 @@ def choose_gates(
     if not ok:  # nothing meets both: the fewest wrong, then the most accurate sides
         ok = sorted(tried, key=lambda r: (r["wrong"], -r["side_accuracy"]))[:1]
 
-    # The most that fit in the weaker language, then in both; among equals the safest: the highest gates.
+    # The most that fit (in the weaker language); among equals the safest: the highest gates.
     def safest(r: dict[str, Any]) -> tuple[float, ...]:
         g = r["gates"]
-        return (r["fits"], r["fits_mean"], g["valence"], g["mirror"], g["floor"], g["sided"], -g["guard"], -g["pool"])
+        return (r["fits"], g["valence"], g["mirror"], g["floor"], g["sided"], -g["guard"])
 
     best = max(ok, key=safest)
     return Gates(**best["gates"]), {**best, "tried": len(tried), "meeting_the_rule": len(ok)}

@@ -18,7 +18,6 @@ from models.reaction_classes import (
     CLASS_NAMES,
     EMOTION_LABELS,
     FALLBACK,
-    FAMILIES,
     KINDS,
     MIRRORS,
     NEVER_UNSURE,
@@ -180,22 +179,6 @@ def test_bad_news_is_answered_only_with_sympathy_or_the_fallback() -> None:
     assert served("good_luck", context(valence=-3.0, sure=1.0)) == [FALLBACK]
     assert served("good_luck", context(valence=-1.0, sure=1.0))[0] == "good_luck"  # short of the guard
     assert served("good_luck", context(valence=-3.0, sure=1.0), guards={})[0] == "good_luck"
-
-
-def test_a_head_split_within_a_family_is_sure_of_the_family() -> None:
-    """ "congrats!" 0.62 and "that's awesome!" 0.38 both fit good news: under a floor of 0.7 neither is sure
-    alone, their family is."""
-    floors = [0.0 if n == FALLBACK else 0.9 if n in MIRRORS else 0.7 for n in CLASS_NAMES]
-    raw = arrays("congrats")
-    raw["weight"][CLASS_NAMES.index("great"), 2] = 9.5
-    good_news = context(valence=1.5, sure=1.0)
-    alone = ReactionClassifier.from_arrays(spec(floors=floors), raw)
-    assert [CLASS_NAMES[c] for c, _ in alone.top(good_news, C)] == [FALLBACK]
-    pooled = ReactionClassifier.from_arrays(spec(floors=floors, families=FAMILIES), raw)
-    assert [CLASS_NAMES[c] for c, _ in pooled.top(good_news, 3)] == ["congrats", "great", "cool"]
-    assert CLASS_NAMES[pooled.answers(good_news[None, :])[0]] == "congrats"
-    # A family pools only the classes the turn allows: leaning bad, no cheer however sure the head is.
-    assert [CLASS_NAMES[c] for c, _ in pooled.top(context(valence=-1.5, sure=1.0), C)] == [FALLBACK]
 
 
 def test_an_older_spec_answers_as_it_did() -> None:

@@ -16,7 +16,7 @@ from core.bundle import REACTIONS_FILE, open_bundle
 from core.encoder import Encoder
 from core.reactions import ReactionClassifier
 from models import emotions
-from models.reaction_classes import CLASS_NAMES, FALLBACK, FAMILIES, KINDS, MIRRORS, REACTION_CLASSES
+from models.reaction_classes import CLASS_NAMES, FALLBACK, MIRRORS, REACTION_CLASSES
 from models.reaction_head import ReactionConfig, install, train_reactions
 
 pytestmark = pytest.mark.training
@@ -86,8 +86,6 @@ def test_the_recipe_writes_a_head_with_the_tables_classes_and_gates(torch_artifa
     assert spec.fallback == CLASS_NAMES.index(FALLBACK) and spec.floors[spec.fallback] == 0.0
     assert all(spec.floors[CLASS_NAMES.index(m)] >= 0.9 for m in MIRRORS)
     assert set(spec.margins) == {"valence", "phase"} and set(spec.guards) <= {"valence-"}
-    # Families pool only where the chosen gates say so, and then as the table groups the classes.
-    assert spec.families == (list(FAMILIES) if stats["gates"]["pool"] else [])
     # The rule: no wrong reaction on half A (the grid can always answer with the fallback alone).
     assert stats["gates"]["half_a_wrong"] == 0
     assert stats["data"]["by_source"]["written"] > 0 and stats["data"]["by_source"]["goemotions"] > 0
@@ -105,22 +103,6 @@ def test_the_recipe_writes_a_head_with_the_tables_classes_and_gates(torch_artifa
         top = served.top(context, len(CLASS_NAMES))
         assert top[-1][0] == served.fallback  # the fallback stands behind every answer
     assert np.array_equal(served.answers(contexts), [served.top(c, 1)[0][0] for c in contexts])
-
-
-def test_a_family_is_the_classes_that_fit_the_same_turns() -> None:
-    """Pooling is sound only where every class of a family fits whatever turn one of them fits, and
-    all take the same side at the same floor."""
-    for family in set(FAMILIES):
-        members = [c for c, f in zip(REACTION_CLASSES, FAMILIES, strict=True) if f == family]
-        names = {c.name for c in members}
-        assert len({(c.stance, c.role) for c in members}) == 1
-        for kind in KINDS.values():
-            assert not kind.fits & names or names <= kind.fits, (names, kind)
-    assert {CLASS_NAMES[c] for c, f in enumerate(FAMILIES) if f == FAMILIES[CLASS_NAMES.index("great")]} == {
-        "congrats",
-        "great",
-        "cool",
-    }
 
 
 def test_the_recipe_says_where_the_emotion_sets_are_when_they_are_missing(
