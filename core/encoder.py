@@ -6,6 +6,9 @@ it returns go straight into an inner-product FAISS index.
 
 from __future__ import annotations
 
+import hashlib
+import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,13 +28,27 @@ OUTPUT_NAMES: dict[Side, str] = {"context": "context_embedding", "reply": "reply
 POLY_OUTPUT = "poly_vectors"
 
 
+# (tokenizer.json's sha256, max tokens, side cut) -> the loaded tokenizer, while an encoder holds it.
+_LOADED: weakref.WeakValueDictionary[tuple[str, int, str], Tokenizer] = weakref.WeakValueDictionary()
+_LOADING = threading.Lock()
+
+
 def _tokenizer(path: Path, max_tokens: int, truncate_from: Literal["left", "right"]) -> Tokenizer:
-    tokenizer = Tokenizer.from_file(str(path))
-    tokenizer.enable_truncation(max_length=max_tokens, direction=truncate_from)
-    # tokenizer.json ships fixed 128-token padding; batches are padded here
-    # instead, to their own longest row.
-    tokenizer.no_padding()
-    return tokenizer
+    """One tokenizer per file content and setting in the process: bundles with the same
+    tokenizer.json share it (the reaction model reads with the default encoder's vocabulary).
+    A loaded e5 tokenizer holds about 23 MB; nothing changes one after it is set up here."""
+    content = path.read_bytes()
+    key = (hashlib.sha256(content).hexdigest(), max_tokens, truncate_from)
+    with _LOADING:
+        if (shared := _LOADED.get(key)) is not None:
+            return shared
+        tokenizer = Tokenizer.from_str(content.decode("utf-8"))
+        tokenizer.enable_truncation(max_length=max_tokens, direction=truncate_from)
+        # tokenizer.json ships fixed 128-token padding; batches are padded here
+        # instead, to their own longest row.
+        tokenizer.no_padding()
+        _LOADED[key] = tokenizer
+        return tokenizer
 
 
 def prefix_length(tokenizer: Tokenizer, prefix: str) -> int:

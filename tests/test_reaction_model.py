@@ -12,6 +12,7 @@ import pytest
 from app.config import Settings
 from app.engine.runtime import load_model, load_reaction_model
 from core.bundle import RELEASE_REACTIONS, RELEASE_ROOT, BundleError, ReactionSpec, open_bundle, shipped_bundles
+from core.encoder import Encoder
 from core.reactions import ReactionClassifier
 from tests.helpers import REACTION_LABELS, TINY_PARITY_TEXTS, AppFactory, bundle_of, settings_for
 from tests.tiny_bundle import TinyReactions, build_tiny_bundle
@@ -66,6 +67,34 @@ def test_every_encoder_shares_the_one_reaction_model(reader_dir: Path, artifacts
     assert model.reactions is shared
     assert load_model(settings_for(artifacts)).reactions is None  # the tiny bundle has no head of its own
     assert load_reaction_model(settings_for(artifacts)) is None
+
+
+def test_the_reaction_model_and_the_encoders_share_one_tokenizer_per_file(reader_dir: Path, artifacts: Path) -> None:
+    """The shipped reader reads with the default encoder's vocabulary: one loaded copy (some 23 MB a side)."""
+    settings = settings_for(artifacts, reactions_dir=reader_dir)
+    reader = load_reaction_model(settings)
+    model = load_model(settings, reaction_model=reader)
+    assert reader is not None and reader.reader is not None
+    assert (reader_dir / "tokenizer.json").read_bytes() == (bundle_of(artifacts) / "tokenizer.json").read_bytes()
+    for side in ("context", "reply"):
+        assert reader.reader.tokenizers.by_side[side] is model.encoder.tokenizers.by_side[side]
+    np.testing.assert_allclose(  # shared, each still reads as alone
+        reader.vector("my dog died this morning", np.zeros(0, np.float32)),
+        ReactionClassifier.reading(reader_dir).vector("my dog died this morning", np.zeros(0, np.float32)),
+    )
+
+
+def test_a_tokenizer_is_shared_only_where_its_file_and_cut_are_the_same(tmp_path: Path, artifacts: Path) -> None:
+    plain = bundle_of(artifacts)
+    prefixed = build_tiny_bundle(
+        tmp_path, "tiny-prefixed", TINY_PARITY_TEXTS, seed=5, prefixes=("query: ", "passage: ")
+    )
+    assert not open_bundle(plain).query_prefix and open_bundle(prefixed).query_prefix
+    mine, theirs = (Encoder(d, open_bundle(d)).tokenizers.by_side for d in (plain, prefixed))
+    assert mine["reply"] is theirs["reply"]  # the same file, cut alike
+    # A prefixed context is tokenised whole and cut around its prefix; a plain one is cut by the tokenizer.
+    assert mine["context"] is not theirs["context"]
+    assert mine["context"].truncation is not None and theirs["context"].truncation["max_length"] == 1 << 30
 
 
 def test_an_empty_setting_names_no_reaction_model(monkeypatch: pytest.MonkeyPatch) -> None:
