@@ -174,11 +174,9 @@ class Encoder:
         return self.tokenizers.lowercases
 
     def sibling(self, intra_op_threads: int = 0, spin: bool = False) -> Encoder:
-        """A session of its own on this bundle, with this encoder's tokenizers.
-
-        Loading a tokenizer holds the GIL: ~1 s each for e5's 250k pieces, two
-        per encoder, and a reindex that loaded its own froze the serving event
-        loop for seconds as it began."""
+        """A session of its own on this bundle, with this encoder's tokenizers: the same objects
+        `_tokenizer` would hand it, and their turn memo too, with no file read at all (a reindex
+        starts one while the event loop serves)."""
         return Encoder(self.bundle_dir, self.manifest, intra_op_threads, spin, tokenizers_of=self)
 
     def for_batch(self, requests: int) -> Encoder:

@@ -305,32 +305,33 @@ async def _index(target: SetAdmin, runtime: Runtime) -> dict[str, Any]:
     runtime.current_model()  # the service itself still loading: 503, as on every route
     store = target.candidate_set.store
     serving = target.candidate_set.serving
+    counts = {
+        "set": target.candidate_set.name,
+        "versions": store.versions(),
+        "stored_candidates": await anyio.to_thread.run_sync(target.candidates.count),
+    }
     if serving is None:
         # A set whose first version is not built yet, or failed to build: nothing is current, which
         # is this route's answer, not an outage (a 503 here read as the service being down).
         return {
-            "set": target.candidate_set.name,
+            **counts,
             "current": None,
             "previous": None,
-            "versions": store.versions(),
             "replies": 0,
             "queries": 0,
             "source": None,
             "model_checksum": None,
-            "stored_candidates": await anyio.to_thread.run_sync(target.candidates.count),
             "problem": target.candidate_set.problem,
         }
     manifest = serving.index.manifest
     return {
-        "set": target.candidate_set.name,
+        **counts,
         "current": manifest.version,
         "previous": previous_version(store, serving.bundle.checksum, manifest.version),
-        "versions": store.versions(),
         "replies": manifest.replies,
         "queries": manifest.queries,
         "source": manifest.source,
         "model_checksum": manifest.bundle_checksum,
-        "stored_candidates": await anyio.to_thread.run_sync(target.candidates.count),
         "problem": None,
     }
 
