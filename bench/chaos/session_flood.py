@@ -127,10 +127,9 @@ def _flood(url: str, out: Path, kind: str) -> Any:
 
 def _load(ctx: Context, service: Service, out: Path, offset: int) -> Any:
     """4 clients, half their requests to sessions of their own that every phase continues (the message
-    numbers go on from `offset`). The sessions all open in the first phase (a client's first messages go
-    one to each), before the flood, and each gets ~8 messages over the six phases on 2 cores (1,078 in
-    128 sessions, quick), far fewer than the 50 turns the service keeps, so every turn is checked, on a
-    machine several times as fast too."""
+    numbers go on from `offset`). The sessions all open before the first phase (`_open_sessions`), and
+    each gets ~8 messages over the six phases on 2 cores (1,078 in 128 sessions, quick), far fewer than
+    the 50 turns the service keeps, so every turn is checked, on a machine several times as fast too."""
     return traffic(
         service.url,
         out,
@@ -141,6 +140,25 @@ def _load(ctx: Context, service: Service, out: Path, offset: int) -> Any:
         tag="s29",
         message_offset=offset,
         seed=offset,  # plain contexts of their own in each phase: none a cache hit from one before
+    )
+
+
+def _open_sessions(ctx: Context, service: Service, out: Path) -> Any:
+    """One message to each of the load's sessions, before any flood: every one is under way when the
+    bound fills. Left to the load, a slow machine's first phase can miss a few (a client's first
+    messages go one to each, but half its requests are plain contexts), and a session whose first
+    message comes at the bound is new, so its 429 would be the bound working, not a session pushed out."""
+    sessions = SESSIONS_PER_LOAD_S * int(ctx.durations.admission_load)
+    return traffic(
+        service.url,
+        out,
+        seconds=300,
+        requests=4 * sessions,
+        clients=4,
+        sessions_per_client=sessions,
+        session_share=1.0,
+        tag="s29",
+        message_offset=0,
     )
 
 
@@ -229,7 +247,7 @@ def new_session_flood(ctx: Context) -> dict[str, Any]:
     """The others' load alone; beside 4 clients sending 1,000-character Korean turns as plain contexts;
     beside the same turns each opening a new session, while the sessions fill up to BOUND; beside the
     same turns refused at once (422); beside new sessions refused at the bound; and alone again. Admin
-    and a reindex job run at the bound with the flood on. The others' sessions run throughout."""
+    and a reindex job run at the bound with the flood on. The others' sessions open first and run throughout."""
     workdir = ctx.work / "s29-redis"
     workdir.mkdir(parents=True, exist_ok=True)
     args = compose_redis_args()
@@ -240,8 +258,10 @@ def new_session_flood(ctx: Context) -> dict[str, Any]:
         ctx.redis(*args, "--dir", str(workdir)) as redis,
         ctx.service("s29", redis, CHITCHAT_SESSION_MAX_COUNT=str(bound)) as service,
     ):
+        loads["open"] = ctx.work / "s29-open.jsonl"
+        _open_sessions(ctx, service, loads["open"]).wait()
         loads["alone"] = ctx.work / "s29-alone.jsonl"
-        _load(ctx, service, loads["alone"], 0).wait()
+        _load(ctx, service, loads["alone"], 1_000).wait()
         loads["contexts"], floods["contexts"], _ = _beside(ctx, service, "contexts", "contexts", 10_000)
         loads["filling"], floods["filling"], filled_s = _beside(
             ctx, service, "filling", "sessions", 20_000, lambda flood: wait_for(lambda: _refused(flood), 300, 0.2)
