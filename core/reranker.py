@@ -3,9 +3,9 @@
 The context graph outputs m poly vectors; each candidate's stored reply
 vector attends over them to build its own context vector. `tests/test_rerank.py`
 holds it to the poly-encoder's score written in torch. No shipped bundle has a
-poly head: those trained over the 6-layer student and over the default encoder
-lost R@1 on Topical-Chat through the live API (docs/experiments.md), so a bundle
-that brings its own is what this serves.
+poly head: none trained over the 6-layer student or the default encoder gained
+beyond noise through the live API (docs/experiments.md), so a bundle that brings
+its own is what this serves.
 """
 
 from __future__ import annotations
