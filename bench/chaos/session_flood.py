@@ -125,6 +125,10 @@ def _flood(url: str, out: Path, kind: str) -> Any:
     return spawn_client(command)
 
 
+def _sessions_per_client(ctx: Context) -> int:
+    return SESSIONS_PER_LOAD_S * int(ctx.durations.admission_load)
+
+
 def _load(ctx: Context, service: Service, out: Path, offset: int) -> Any:
     """4 clients, half their requests to sessions of their own that every phase continues (the message
     numbers go on from `offset`). The sessions all open before the first phase (`_open_sessions`), and
@@ -135,7 +139,7 @@ def _load(ctx: Context, service: Service, out: Path, offset: int) -> Any:
         out,
         seconds=ctx.durations.admission_load,
         clients=4,
-        sessions_per_client=SESSIONS_PER_LOAD_S * int(ctx.durations.admission_load),
+        sessions_per_client=_sessions_per_client(ctx),
         session_share=0.5,
         tag="s29",
         message_offset=offset,
@@ -148,7 +152,7 @@ def _open_sessions(ctx: Context, service: Service, out: Path) -> Any:
     bound fills. Left to the load, a slow machine's first phase can miss a few (a client's first
     messages go one to each, but half its requests are plain contexts), and a session whose first
     message comes at the bound is new, so its 429 would be the bound working, not a session pushed out."""
-    sessions = SESSIONS_PER_LOAD_S * int(ctx.durations.admission_load)
+    sessions = _sessions_per_client(ctx)
     return traffic(
         service.url,
         out,
