@@ -97,18 +97,20 @@ e5-pack: $(VENV)/.multilingual  ## the teacher and student recipes' input -> art
 # The teacher behind the tracked layers (models/teacher.py's TeacherConfig, as tracked): e5-small's top
 # 6 layers, one pass over the English pairs with a Korean batch every 4th step, batches of 128. A few
 # minutes on a GPU (DEVICE=cuda; models/gpu_e5.sh runs the variants side by side); about 9 hours on 2
-# CPU cores, resumable. Then `make multilingual-release PROMOTE=1` judges it and tracks the layers.
+# CPU cores, resumable (BF16=1: bf16 autocast, for a CPU with AVX512-BF16). Then `make
+# multilingual-release PROMOTE=1` judges it and tracks the layers.
 multilingual-tune: e5-pack  ## train the e5 teacher's top layers -> artifacts/teacher
-	$(PY) -m models.teacher --pack $(E5_PACK) $(if $(DEVICE),--device $(DEVICE))
+	$(PY) -m models.teacher --pack $(E5_PACK) $(if $(DEVICE),--device $(DEVICE)) $(if $(BF16),--bf16)
 
 # The 6-layer student (models/student.py) distilled from the tracked teacher layers, written as a
 # release folder and built into its int8 bundle, then held to the tracked student's figures. Its config
 # replays the tracked run's schedule (probed_total); after a new teacher is promoted it distils from
-# that one. About 2.5 min on a GPU (DEVICE=cuda); hours on 2 CPU cores.
+# that one. About 2.5 min on a GPU (DEVICE=cuda); on 2 CPU cores about 1.8 h with BF16=1 where the CPU
+# has AVX512-BF16 (8.4 s a step), about twice that in fp32.
 STUDENT_LAYERS := artifacts/student-release
 STUDENT_BUNDLE := artifacts/bundles/multilingual-e5-l6-en-ko-int8
 train-student: e5-pack  ## teacher -> 6-layer student -> int8 bundle (artifacts/bundles/multilingual-e5-l6-en-ko-int8)
-	$(PY) -m models.student --pack $(E5_PACK) --teacher models/release/e5-teacher-layers $(if $(DEVICE),--device $(DEVICE))
+	$(PY) -m models.student --pack $(E5_PACK) --teacher models/release/e5-teacher-layers $(if $(DEVICE),--device $(DEVICE)) $(if $(BF16),--bf16)
 	$(PY) -m models.student --release $(STUDENT_LAYERS)
 	$(PY) -m models.multilingual --student $(STUDENT_LAYERS) --out $(STUDENT_BUNDLE)
 	$(PY) -m models.trained_layers $(STUDENT_LAYERS)/layers.npz --release models/release/e5-l6-layers

@@ -44,7 +44,7 @@ from models.e5_weights import bert_body, keep_layers
 from models.encoder import DualEncoder
 from models.loop import run_steps
 from models.losses import in_batch_negatives
-from models.teacher import PairBatches, autocast, tokeniser
+from models.teacher import PairBatches, autocast, autocast_name, tokeniser
 from models.trained_layers import LAYERS_FILE, RELEASE_LAYERS, overlay, read_layers, read_release
 from models.validate import dev_half_a, validate
 
@@ -83,7 +83,13 @@ def teacher_weights(pack: Pack, teacher: Path):
 
 
 def train(
-    cfg: StudentConfig, pack: Pack, teacher_path: Path, out: Path, device: str, budget_s: float | None
+    cfg: StudentConfig,
+    pack: Pack,
+    teacher_path: Path,
+    out: Path,
+    device: str,
+    budget_s: float | None,
+    bf16: bool = False,
 ) -> dict[str, object]:
     torch.manual_seed(cfg.seed)
     weights = teacher_weights(pack, teacher_path)
@@ -111,7 +117,7 @@ def train(
             "reply": [prefixes[1] + broad[r] for r, s in zip(rows, sides, strict=True) if not s],
         }
         contexts, replies = pairs(step)
-        with autocast(device):
+        with autocast(device, bf16):
             with torch.no_grad():
                 t_context, t_reply = vectors(teacher, contexts, "context"), vectors(teacher, replies, "reply")
                 t_broad = [vectors(teacher, v, side) for side, v in texts.items() if v]
@@ -161,6 +167,7 @@ def train(
         "broad_pools": pack.meta["broad"],
         "train": stats,
         "device": device,
+        "autocast": autocast_name(device, bf16),
         "minutes_this_sitting": round((time.perf_counter() - started) / 60, 1),
     }
     (out / FIGURES_FILE).write_text(json.dumps(figures, indent=2))
@@ -184,6 +191,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--budget-s", type=float)
+    parser.add_argument("--bf16", action="store_true", help="bf16 autocast on the CPU too (a CPU with AVX512-BF16)")
     parser.add_argument("--release", type=Path, help="write --out's run into this release folder")
     defaults = StudentConfig()
     for name, value in asdict(defaults).items():
@@ -194,7 +202,8 @@ def main() -> None:
         release(args.out, args.release)
         return
     cfg = StudentConfig(**{name: getattr(args, name) for name in asdict(defaults) if name != "keep"})
-    print(json.dumps(train(cfg, Pack(args.pack), args.teacher, args.out, args.device, args.budget_s), indent=2))
+    run = train(cfg, Pack(args.pack), args.teacher, args.out, args.device, args.budget_s, args.bf16)
+    print(json.dumps(run, indent=2))
 
 
 if __name__ == "__main__":

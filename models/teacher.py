@@ -93,9 +93,17 @@ def freeze_below(model: DualEncoder, trained_layers: int) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def autocast(device: str) -> torch.autocast:
-    """bf16 on a GPU (the H100/H200 run), fp32 elsewhere: the CPU's figures stay comparable."""
-    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda"))
+def autocast(device: str, bf16: bool = False) -> torch.autocast:
+    """bf16 on a GPU (the H100/H200 run); on the CPU fp32 unless `bf16`. On a CPU with
+    AVX512-BF16 a bf16 step took about half the fp32 one (docs/training.md); without it, untried."""
+    if device.startswith("cuda"):
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
+
+
+def autocast_name(device: str, bf16: bool) -> str:
+    """What a run's figures record of its arithmetic."""
+    return "bf16" if device.startswith("cuda") or bf16 else "fp32"
 
 
 class PairBatches:
@@ -134,7 +142,9 @@ def tokeniser(pack: Pack) -> Tokenise:
     return Tokenise(pack.tokenizer, spec["max_context_tokens"], spec["max_reply_tokens"], spec["query_prefix"])
 
 
-def train(cfg: TeacherConfig, pack: Pack, out: Path, device: str, budget_s: float | None) -> dict[str, object]:
+def train(
+    cfg: TeacherConfig, pack: Pack, out: Path, device: str, budget_s: float | None, bf16: bool = False
+) -> dict[str, object]:
     torch.manual_seed(cfg.seed)
     model = DualEncoder(bert_body(pack.weights())).to(device)
     learning = freeze_below(model, cfg.trained_layers)
@@ -144,7 +154,7 @@ def train(cfg: TeacherConfig, pack: Pack, out: Path, device: str, budget_s: floa
 
     def batch_loss(step: int) -> torch.Tensor:
         contexts, replies = batches(step)
-        with autocast(device):
+        with autocast(device, bf16):
             context = model.encode_context(*(t.to(device) for t in tok.contexts(contexts)))  # [B, D]
             reply = model.encode_reply(*(t.to(device) for t in tok.replies(replies)))  # [B, D]
         return in_batch_negatives(context.float(), reply.float(), cfg.scale)
@@ -185,6 +195,7 @@ def train(cfg: TeacherConfig, pack: Pack, out: Path, device: str, budget_s: floa
         "dev_half_a": dev,
         "train": stats,
         "device": device,
+        "autocast": autocast_name(device, bf16),
         "minutes_this_sitting": round((time.perf_counter() - started) / 60, 1),
     }
     (out / FIGURES_FILE).write_text(json.dumps(figures, indent=2))
@@ -219,6 +230,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda")
     parser.add_argument("--budget-s", type=float, help="stop early to fit this many seconds (the schedule shrinks)")
+    parser.add_argument("--bf16", action="store_true", help="bf16 autocast on the CPU too (a CPU with AVX512-BF16)")
     defaults = TeacherConfig()
     for name, value in asdict(defaults).items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
@@ -227,7 +239,7 @@ def main() -> None:
         print(choose(args.choose))
         return
     cfg = TeacherConfig(**{name: getattr(args, name) for name in asdict(defaults)})
-    print(json.dumps(train(cfg, Pack(args.pack), args.out, args.device, args.budget_s), indent=2))
+    print(json.dumps(train(cfg, Pack(args.pack), args.out, args.device, args.budget_s, args.bf16), indent=2))
 
 
 if __name__ == "__main__":

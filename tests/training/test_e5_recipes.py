@@ -153,6 +153,17 @@ def test_the_student_starts_from_the_kept_teacher_layers_and_writes_only_them(
     assert 0 < max(moved) < 0.01
 
 
+def test_a_bf16_student_run_trains_and_says_so(e5_pack: Pack, teacher_run: Path, tmp_path: Path) -> None:
+    # bf16 autocast on the CPU (a CPU with AVX512-BF16 halves a step): the loss stays finite and the
+    # figures record the arithmetic, so a rebuild knows which it replays.
+    figures = student.train(TINY_STUDENT, e5_pack, teacher_run / LAYERS_FILE, tmp_path, "cpu", None, bf16=True)
+    assert figures["autocast"] == "bf16"
+    assert np.isfinite(figures["train"]["final_loss"])
+    layers = read_layers(tmp_path / LAYERS_FILE)
+    assert all(np.isfinite(v.astype(np.float32)).all() for v in layers.values())
+    assert json.loads((teacher_run / teacher.FIGURES_FILE).read_text())["autocast"] == "fp32"
+
+
 def test_a_student_release_builds_the_l6_bundle(
     e5_pack: Pack, student_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
