@@ -106,7 +106,7 @@ multilingual-tune: e5-pack  ## train the e5 teacher's top layers -> artifacts/te
 # release folder and built into its int8 bundle, then held to the tracked student's figures. Its config
 # replays the tracked run's schedule (probed_total); after a new teacher is promoted it distils from
 # that one. About 2.5 min on a GPU (DEVICE=cuda); on 2 CPU cores about 1.8 h with BF16=1 where the CPU
-# has AVX512-BF16 (8.4 s a step), about twice that in fp32.
+# has AVX512-BF16 (8.5 s a step, docs/training.md), longer in fp32.
 STUDENT_LAYERS := artifacts/student-release
 STUDENT_BUNDLE := artifacts/bundles/multilingual-e5-l6-en-ko-int8
 train-student: e5-pack  ## teacher -> 6-layer student -> int8 bundle (artifacts/bundles/multilingual-e5-l6-en-ko-int8)
