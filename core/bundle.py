@@ -7,6 +7,7 @@ offline pipeline alike.
       encoder.onnx    tokens -> unit context/reply vectors (+ m poly vectors with a poly head)
       tokenizer.json  the model's own tokenizer
       reactions.npz   the reaction classifier, when the bundle has one
+      combiner.npz    the per-turn context combiner (core/context.py), when the bundle has one
 
 `checksum` covers the payload files only. It is what index versions and
 cache keys pin, so fitting thresholds or recording eval figures later (fields
@@ -27,8 +28,12 @@ MANIFEST = "manifest.json"
 ENCODER_FILE = "encoder.onnx"
 TOKENIZER_FILE = "tokenizer.json"
 REACTIONS_FILE = "reactions.npz"
-PAYLOAD_FILES = (ENCODER_FILE, TOKENIZER_FILE, REACTIONS_FILE)
-FORMAT_VERSION = 2
+COMBINER_FILE = "combiner.npz"
+PAYLOAD_FILES = (ENCODER_FILE, TOKENIZER_FILE, REACTIONS_FILE, COMBINER_FILE)
+# The newest format this code reads. 3: a bundle with a combiner, which a reader of format 2 would
+# serve joined with the per-turn calibration; a bundle without one is written as PLAIN_FORMAT.
+FORMAT_VERSION = 3
+PLAIN_FORMAT = 2
 # The release bundles tracked in git, found from the source tree so that any working directory
 # serves them. Each is a directory of RELEASE_ROOT; a candidate set names one by that name.
 RELEASE_ROOT = Path(__file__).resolve().parents[1] / "models" / "release"
@@ -115,6 +120,27 @@ class ConfidenceSpec:
 
 
 @dataclass
+class CombinerSpec:
+    """The per-turn way (core/context.py): each turn encoded alone, the context vector combined
+    from the newest `turns` turn vectors by the weights in COMBINER_FILE."""
+
+    turns: int  # N, as COMBINER_FILE's gates have it (checked when it loads)
+    other_side: str  # "reply" or "context": how turns at odd positions (the bot's) are read
+    training: dict[str, Any] = field(default_factory=dict)  # recipe, data, figures on half A
+
+
+@dataclass
+class JoinedWay:
+    """A bundle with a combiner serves per-turn, with the top-level thresholds and confidence model
+    fitted that way. Served joined instead (Settings.joined_context), it takes these: fitted on
+    joined contexts, as the bundle without its combiner was."""
+
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    confidence: ConfidenceSpec | None = None
+    calibration: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class BundleManifest:
     name: str
     model_id: str
@@ -132,6 +158,8 @@ class BundleManifest:
     poly: PolySpec | None = None
     reactions: ReactionSpec | None = None
     confidence: ConfidenceSpec | None = None
+    combiner: CombinerSpec | None = None  # the per-turn way, where the bundle has COMBINER_FILE
+    joined: JoinedWay | None = None  # with a combiner: the joined way's calibration
     # How the thresholds were fitted: objective, data, figures at the optimum.
     calibration: dict[str, Any] = field(default_factory=dict)
     parity: dict[str, float] = field(default_factory=dict)
@@ -152,17 +180,29 @@ class BundleManifest:
     # what /info promises. Others may work; nothing measured them.
     languages: list[str] = field(default_factory=list)
     created_at: str = ""
-    format_version: int = FORMAT_VERSION
+    format_version: int = PLAIN_FORMAT
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> BundleManifest:
         raw = dict(raw)
         known = set(Thresholds.__dataclass_fields__)
         raw["thresholds"] = Thresholds(**{k: v for k, v in raw.get("thresholds", {}).items() if k in known})
-        for name, spec in (("poly", PolySpec), ("reactions", ReactionSpec), ("confidence", ConfidenceSpec)):
+        specs: tuple[tuple[str, Any], ...] = (
+            ("poly", PolySpec),
+            ("reactions", ReactionSpec),
+            ("confidence", ConfidenceSpec),
+            ("combiner", CombinerSpec),
+        )
+        for name, spec in specs:
             if raw.get(name) is not None:
                 fields = set(spec.__dataclass_fields__)
                 raw[name] = spec(**{k: v for k, v in raw[name].items() if k in fields})
+        if raw.get("joined") is not None:
+            joined = dict(raw["joined"])
+            joined["thresholds"] = Thresholds(**{k: v for k, v in joined.get("thresholds", {}).items() if k in known})
+            if joined.get("confidence") is not None:
+                joined["confidence"] = ConfidenceSpec(**joined["confidence"])
+            raw["joined"] = JoinedWay(**{k: v for k, v in joined.items() if k in JoinedWay.__dataclass_fields__})
         # A manifest written by a newer version may carry fields this one does not know.
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in raw.items() if k in known})
@@ -230,7 +270,7 @@ def open_bundle(bundle_dir: Path) -> BundleManifest:
 
 # Fields fitted or measured after export. Changing them leaves the files, and
 # so the checksum and every index built with the bundle, valid.
-MUTABLE_FIELDS = frozenset({"thresholds", "confidence", "calibration", "eval", "release", "servable"})
+MUTABLE_FIELDS = frozenset({"thresholds", "confidence", "calibration", "eval", "release", "servable", "joined"})
 
 
 def update_manifest(bundle_dir: Path, **changes: Any) -> BundleManifest:

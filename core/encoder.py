@@ -18,7 +18,8 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
-from core.bundle import ENCODER_FILE, TOKENIZER_FILE, BundleManifest
+from core.bundle import COMBINER_FILE, ENCODER_FILE, TOKENIZER_FILE, BundleManifest
+from core.context import Combiner, turn_vectors
 from core.turn_tokens import TurnTokenizer
 
 Side = Literal["context", "reply"]
@@ -164,6 +165,16 @@ class Encoder:
         self.tokenizers: Tokenizers = (
             tokenizers_of.tokenizers if tokenizers_of else Tokenizers.load(bundle_dir, manifest)
         )
+        # The per-turn way's combiner (core/context.py), where the bundle has one: shared with the
+        # encoder whose tokenizers this one shares, as it is of the same bundle.
+        self.combiner: Combiner | None = None
+        if tokenizers_of is not None:
+            self.combiner = tokenizers_of.combiner
+        elif manifest.combiner is not None:
+            self.combiner = Combiner.load(bundle_dir / COMBINER_FILE)
+            self.combiner.check(manifest.dim)
+            if self.combiner.turns != manifest.combiner.turns:
+                raise ValueError(f"{bundle_dir}: the manifest's combiner reads {manifest.combiner.turns} turns")
         # A sibling whose threads spin within a run, for a batch of one request (`for_batch`),
         # and why it is there or not (the service measures both at load).
         self.alone: Encoder | None = None
@@ -228,6 +239,26 @@ class Encoder:
     def encode(self, texts: Sequence[str], side: Side, max_batch: int = 64) -> np.ndarray:
         """Returns [len(texts), dim] float32, unit rows."""
         return self._run(texts, side, [OUTPUT_NAMES[side]], max_batch)[0]
+
+    def contexts(self, windows: Sequence[Sequence[str]], joined: bool = False, max_batch: int = 64) -> np.ndarray:
+        """[N, D] context vectors of N windows (turns, oldest first), as the service makes them: combined
+        from each turn's own vector where the bundle has a combiner (every distinct turn encoded once,
+        on its side), else (or with `joined`) the window joined and encoded as one text."""
+        if self.combiner is None or joined:
+            return self.encode([self.join_context(w) for w in windows], side="context", max_batch=max_batch)
+        combiner = self.combiner
+        items: dict[tuple[str, Side], None] = {}
+        for window in windows:
+            recent = combiner.window(window)
+            items.update(dict.fromkeys(zip(recent, combiner.sides(len(recent)), strict=True)))
+        vector_of: dict[tuple[str, Side], np.ndarray] = {}
+        for side in ("context", "reply"):
+            these = [item for item in items if item[1] == side]
+            if these:
+                vectors = self.encode([t for t, _ in these], side, max_batch)  # [n, D]
+                vector_of.update(zip(these, vectors, strict=True))
+        turns = turn_vectors(windows, combiner.turns, vector_of, combiner)  # [N, T, D]
+        return combiner.combine_many(turns, [combiner.window(w) for w in windows])
 
     def encode_with_poly(self, texts: Sequence[str], max_batch: int = 64) -> tuple[np.ndarray, np.ndarray]:
         """Contexts in one pass: ([N, D] context vectors, [N, m, D] poly vectors). Needs a poly head."""

@@ -21,6 +21,7 @@ from core import confidence, filters
 from core.bundle import BundleManifest, Thresholds
 from core.confidence import ConfidenceModel, ShareThreshold
 from core.confidence import features as confidence_features
+from core.context import Combiner
 from core.encoder import Encoder
 from core.filters import Admitted, Filter, Side, admitted
 from core.laps import Laps, lap
@@ -51,6 +52,9 @@ class Serving:
     confidence: ConfidenceModel | None = None  # the bundle's confidence model, if it has one
     # The reply-matching threshold that keeps the configured share of recent turns for reactions.
     share: ShareThreshold | None = None
+    # The per-turn way's combiner (core/context.py): each turn encoded alone, the context vector
+    # combined from theirs. None: the joined way, the window encoded as one text.
+    combiner: Combiner | None = None
 
     @property
     def index_version(self) -> str:
@@ -358,9 +362,11 @@ def reaction(
     avoid: Avoid,
     script: str | None,
     rule: Filter | None = None,
+    turn_vector: np.ndarray | None = None,
 ) -> list[Scored]:
     """The reactions that fit this context best, from a set that speaks its language (`script`: the
-    conversation's, `conversation_script`). `turn`: the last turn, what a reaction model reads.
+    conversation's, `conversation_script`). `turn`: the last turn, what a reaction model reads;
+    `turn_vector`, what the bundle's own head reads (default: the context vector).
 
     Reactions uploaded with the candidates come first, nearest to the context
     vector (score: the cosine); else the classifier (score: the class
@@ -381,7 +387,9 @@ def reaction(
         labels = classifier.labels_in(language)
         hits = [
             Scored(-1, f"reaction:{c}", labels[c], p, "reaction")
-            for c, p in classifier.top(classifier.vector(turn, context_vector), len(classifier.labels))
+            for c, p in classifier.top(
+                classifier.vector(turn, context_vector if turn_vector is None else turn_vector), len(classifier.labels)
+            )
         ]
     else:
         return []
@@ -406,7 +414,7 @@ class WalkRequest:
     thresholds: Thresholds
     avoid: Avoid
     query_vector: np.ndarray | None  # [D] the last turn, when query similarity may answer
-    context_vector: np.ndarray | None  # [D] the joined context, when reply matching or a reaction may
+    context_vector: np.ndarray | None  # [D] the context's, when reply matching or a reaction may
     poly_vectors: np.ndarray | None  # [m, D] when reply matching reranks
     script: str | None  # the window's, `conversation_script(window)`: worked out once a request
     rerank_depth: int = 50
@@ -416,6 +424,9 @@ class WalkRequest:
     # Search only the replies in the conversation's language, where the version says which that is
     # (`answer_language`); False: every language competes (a request's filter language "any").
     route_language: bool = True
+    # [D] what the bundle's own reaction head reads: in the per-turn way the last turn's own vector,
+    # a single text as the head was trained on; None: the context vector.
+    turn_vector: np.ndarray | None = None
 
 
 def walk(serving: Serving, request: WalkRequest) -> Answer | None:
@@ -487,7 +498,8 @@ def walk_in(serving: Serving, request: WalkRequest, language: str | None) -> Ans
                 return Answer(matched[0], matched[:k], reranked, confidence)
     if can_react and vector is not None:
         with lap(request.laps, "reactions"):
-            reactions = reaction(serving, request.window[-1], vector, k, avoid, script, rule)
+            read = request.turn_vector if request.turn_vector is not None else vector
+            reactions = reaction(serving, request.window[-1], vector, k, avoid, script, rule, read)
         if reactions:
             # The retrieved replies it passed over are the alternatives worth showing.
             shown = [reactions[0], *matched][:k] if matched else reactions

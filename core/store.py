@@ -383,6 +383,7 @@ class IndexStore:
         reply_index = faiss.read_index(str(directory / REPLY_INDEX))
         query_index = faiss.read_index(str(directory / QUERY_INDEX))
         ann.allow_row_lookup(query_index)  # a filter's admitted stored queries are read back by row
+        ann.allow_row_lookup(reply_index)  # ... and an answer's vector, the bot's turn in the per-turn way
         ann.configure(reply_index, ann.AnnReport(**manifest.ann["replies"]))
         ann.configure(query_index, ann.AnnReport(**manifest.ann["queries"]))
         reactions = directory / REACTION_INDEX
