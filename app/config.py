@@ -139,6 +139,11 @@ class Settings(BaseSettings):
     # names; a Redis message makes it look at once. A missed message costs at most this long.
     index_poll_s: float = Field(default=2.0, ge=0.1, le=60.0)
 
+    # Serve every bundle the joined way (the window encoded as one text), even one with a combiner,
+    # which otherwise serves per turn: each turn encoded once, its vector kept (core/context.py).
+    # A bundle so served takes the calibration it has for that way (its manifest's `joined`).
+    joined_context: bool = False
+
     max_body_bytes: int = Field(default=64 * 1024, ge=1024)
     default_k: int = Field(default=5, ge=1, le=50)
     # FAISS hits the poly head rescores (no shipped bundle has one: docs/experiments.md).

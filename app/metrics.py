@@ -85,6 +85,12 @@ def _queues(runtime: Runtime, admission: Admission) -> Iterator[Metric]:
     yield CounterMetricFamily(
         "chitchat_encoder_cancelled", "Jobs dropped: their caller left", value=queue.stats.cancelled
     )
+    # Unpadded, every batch's: what the per-turn way saves shows here (a kept turn is not encoded again).
+    yield CounterMetricFamily(
+        "chitchat_encoder_tokens",
+        "Tokens the request path's encoder batches read, unpadded",
+        value=int(queue.stats.batch_cost.total),
+    )
 
 
 def _cache(cache: EmbeddingCache) -> Iterator[Metric]:

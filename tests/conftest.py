@@ -29,7 +29,7 @@ from tests.helpers import (
     settings_for,
     tiny_candidates,
 )
-from tests.tiny_bundle import TinyReactions, build_tiny_bundle
+from tests.tiny_bundle import TinyReactions, build_tiny_bundle, tiny_combiner
 
 
 @pytest.fixture(scope="session")
@@ -63,6 +63,21 @@ def prefixed_artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("prefixed-artifacts")
     bundle_dir = build_tiny_bundle(
         root / "bundles", "tiny-prefixed-int8", TINY_PARITY_TEXTS, seed=2, prefixes=("query: ", "passage: ")
+    )
+    return index_tiny_candidates(root, bundle_dir)
+
+
+@pytest.fixture(scope="session")
+def per_turn_artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """artifacts/ with a tiny e5-style bundle that serves per turn (a combiner), and one index version."""
+    root = tmp_path_factory.mktemp("per-turn-artifacts")
+    bundle_dir = build_tiny_bundle(
+        root / "bundles",
+        "tiny-per-turn-int8",
+        TINY_PARITY_TEXTS,
+        seed=3,
+        prefixes=("query: ", "passage: "),
+        combiner=tiny_combiner(32),
     )
     return index_tiny_candidates(root, bundle_dir)
 

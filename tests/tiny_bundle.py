@@ -33,7 +33,10 @@ from tokenizers.models import WordPiece
 from tokenizers.processors import TemplateProcessing
 
 from core.bundle import (
+    COMBINER_FILE,
     ENCODER_FILE,
+    FORMAT_VERSION,
+    CombinerSpec,
     REACTIONS_FILE,
     TOKENIZER_FILE,
     BundleManifest,
@@ -42,6 +45,7 @@ from core.bundle import (
     seal,
     write_manifest,
 )
+from core.context import Combiner
 from core.encoder import OUTPUT_NAMES, POLY_OUTPUT, Encoder
 from core.files import staged_dir
 
@@ -225,6 +229,20 @@ class TinyReactions:
     bias: np.ndarray  # [C]
 
 
+def tiny_combiner(dim: int, turns: int = 3, seed: int = 0) -> Combiner:
+    """A per-turn combiner for a tiny bundle: the newest turn weighs most, the bot's turns are read
+    on the reply side, and a small random head, so that its output is no plain sum."""
+    rng = np.random.default_rng(seed)
+    return Combiner(
+        gate_bias=np.array([1.0] + [0.0] * (turns - 1), dtype=np.float32),
+        gate_newest=np.zeros(turns, dtype=np.float32),
+        gate_own=np.full(turns, 0.1, dtype=np.float32),
+        head=(0.05 * rng.normal(size=(dim, dim))).astype(np.float32),
+        head_bias=np.zeros(dim, dtype=np.float32),
+        reply_side=np.array([p % 2 == 1 for p in range(turns)]),
+    )
+
+
 def build_tiny_bundle(
     bundles_root: Path,
     name: str,
@@ -237,9 +255,11 @@ def build_tiny_bundle(
     min_parity_cosine: float = 0.95,
     prefixes: tuple[str, str] = ("", ""),
     kind: str = "tiny",
+    combiner: Combiner | None = None,
 ) -> Path:
     """bundles_root/name: a random encoder, checked against its numpy twin on `parity_texts`.
-    Assembled aside and renamed into place. prefixes: (query, passage), as e5 reads its sides."""
+    Assembled aside and renamed into place. prefixes: (query, passage), as e5 reads its sides.
+    combiner: the per-turn way's, for a bundle that serves per turn (`tiny_combiner`)."""
     tokenizer = tiny_tokenizer()
     weights = TinyWeights.random(tokenizer.get_vocab_size(), dim, seed, codes=poly.codes if poly else None)
     final = bundles_root / name
@@ -255,6 +275,8 @@ def build_tiny_bundle(
         if reactions is not None:
             with (staging / REACTIONS_FILE).open("wb") as f:  # the format app.engine.reactions reads
                 np.savez(f, weight=reactions.weight.astype(np.float32), bias=reactions.bias.astype(np.float32))
+        if combiner is not None:
+            combiner.save(staging / COMBINER_FILE)
         draft = BundleManifest(
             name=name,
             model_id="tiny-random-wordpiece" + (" + poly" if poly else ""),
@@ -274,8 +296,13 @@ def build_tiny_bundle(
             checksum="",
             poly=poly,
             reactions=reactions.spec if reactions else None,
+            combiner=CombinerSpec(combiner.turns, "reply" if combiner.reply_side.any() else "context")
+            if combiner
+            else None,
             created_at=datetime.now(UTC).isoformat(timespec="seconds"),
         )
+        if combiner is not None:
+            draft.format_version = FORMAT_VERSION
         manifest = seal(staging, draft)
         manifest.parity = _parity(weights, Encoder(staging, manifest), list(parity_texts))
         if manifest.parity["mean_cosine"] < min_parity_cosine:

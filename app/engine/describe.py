@@ -13,6 +13,23 @@ from core.store import QUERY_INDEX, REACTION_INDEX, REPLY_INDEX
 from core.text import SCRIPT_OF_LANGUAGE
 
 
+def context_way(serving: Serving) -> dict[str, Any]:
+    """How a conversation becomes its context vector on this server (core/context.py)."""
+    combiner = serving.combiner
+    if combiner is None:
+        has = serving.bundle.combiner is not None
+        return {
+            "way": "joined",
+            "turns": serving.bundle.max_context_turns,
+            "why": "CHITCHAT_JOINED_CONTEXT is set" if has else "the bundle has no combiner",
+        }
+    return {
+        "way": "per_turn",
+        "turns": combiner.turns,
+        "bot_turns_read_as": "reply" if combiner.reply_side.any() else "context",
+    }
+
+
 def model_info(serving: Serving, rerank_by_default: bool) -> dict[str, Any]:
     """The bundle, and what this server applies of it."""
     bundle = serving.bundle
@@ -27,6 +44,7 @@ def model_info(serving: Serving, rerank_by_default: bool) -> dict[str, Any]:
         "quantization": bundle.quantization,
         "encoder_sessions": serving.encoder.alone_choice or None,
         "max_context_turns": bundle.max_context_turns,
+        "context": context_way(serving),
         "poly": asdict(bundle.poly) if bundle.poly else None,
         # Whether a request that does not say is reranked (Settings.rerank_by_default).
         "rerank_by_default": rerank_by_default and bundle.poly is not None,

@@ -13,7 +13,7 @@ import numpy as np
 
 from app.engine.encoding import EncodeJob
 from app.engine.runtime import QUERY_SIMILARITY_OFF, Runtime
-from app.engine.sessions import SessionTurn
+from app.engine.sessions import SessionTurn, TurnVector, space_of
 from app.engine.sets import DEFAULT_SET
 from core import retriever
 from core.bundle import BundleManifest, Thresholds
@@ -129,19 +129,31 @@ class ReplyOptions:
 class ReplyOutcome:
     answer: Answer
     index_version: str
+    # In the per-turn way, what a session keeps with the turns: the last turn's vector, and the
+    # answer's where the index has it (a stored reply read on the side the bot's turns are).
+    message_vector: TurnVector | None = None
+    answer_vector: TurnVector | None = None
 
 
 def _thresholds(bundle: Thresholds, overrides: dict[str, float] | None) -> Thresholds:
     return replace(bundle, **overrides) if overrides else bundle
 
 
-async def reply(runtime: Runtime, turns: Sequence[str], options: ReplyOptions, exclude: set[str]) -> ReplyOutcome:
+async def reply(
+    runtime: Runtime,
+    turns: Sequence[str],
+    options: ReplyOptions,
+    exclude: set[str],
+    history: Sequence[SessionTurn] = (),
+) -> ReplyOutcome:
     """The walk of `retriever.walk` over one snapshot, with one encoder pass for
     the vectors it needs. No answer is ever a near copy of a turn of the
-    conversation, or a reply in `exclude` (normalised texts)."""
+    conversation, or a reply in `exclude` (normalised texts). `history`: the
+    session's stored turns, `turns` less its last, whose vectors in this
+    snapshot's space need no encoding."""
     serving = runtime.current(options.set_name)  # this request's snapshot, start to end
     allowed = options.strategies
-    window = list(turns[-serving.bundle.max_context_turns :])  # what the context vector sees
+    window = list(turns[-serving.bundle.max_context_turns :])  # what echoes and confidence are judged by
     script = retriever.conversation_script(window)  # once a request: the reactions and the walk read it
     # A bundle without a poly head answers unreranked, and the answer's `reranked` says so: a client
     # that always asks keeps working across bundles (the release has none; /info shows `poly`).
@@ -162,9 +174,31 @@ async def reply(runtime: Runtime, turns: Sequence[str], options: ReplyOptions, e
     joined = serving.encoder.join_context(turns)
     # The last turn is compared with stored queries, so it is encoded as they were.
     query_side: Side = serving.index.manifest.query_side
-    texts = ([turns[-1]] if wants_query else []) + ([joined] if wants_context else [])
-    sides = ([query_side] if wants_query else []) + (["context"] if wants_context else [])
+    texts = [turns[-1]] if wants_query else []
+    sides: list[Side] = [query_side] if wants_query else []
+    combiner = serving.combiner if wants_context else None
+    recent = combiner.window(turns) if combiner is not None else []
+    recent_sides = combiner.sides(len(recent)) if combiner is not None else []
+    kept = _kept_vectors(serving, turns, recent_sides, history) if combiner is not None else {}
+    if combiner is not None:  # each turn alone, on its side; a kept one is not encoded again
+        missing = [i for i in range(len(recent)) if i not in kept]
+        texts += [recent[i] for i in missing]
+        sides += [recent_sides[i] for i in missing]
+    elif wants_context:
+        texts.append(joined)
+        sides.append("context")
     vectors, poly = await embed(runtime, serving, texts, joined if with_poly else None, sides)
+    query_vector = vectors[0] if wants_query else None
+    context_vector = turn_vector = None
+    message = answer_vector = None
+    if combiner is not None:
+        found = iter(vectors[1:] if wants_query else vectors)
+        turn_vectors = [kept[i] if i in kept else next(found) for i in range(len(recent))]  # T x [D], oldest first
+        context_vector = combiner.combine(np.stack(turn_vectors), recent)  # [D]
+        turn_vector = turn_vectors[-1]
+        message = TurnVector(turn_vector, space_of(serving.bundle.checksum, recent_sides[-1]))
+    elif wants_context:
+        context_vector = vectors[-1]
     laps = Laps()  # the walk's searches, rerank and reactions, timed in the pool's thread
     request = retriever.WalkRequest(
         window=window,
@@ -172,8 +206,8 @@ async def reply(runtime: Runtime, turns: Sequence[str], options: ReplyOptions, e
         k=options.k,
         thresholds=_thresholds(serving.thresholds, options.thresholds),
         avoid=retriever.Avoid.of(window, exclude),
-        query_vector=vectors[0] if wants_query else None,
-        context_vector=vectors[-1] if wants_context else None,
+        query_vector=query_vector,
+        context_vector=context_vector,
         poly_vectors=poly,
         script=script,
         rerank_depth=options.rerank_depth,
@@ -181,6 +215,7 @@ async def reply(runtime: Runtime, turns: Sequence[str], options: ReplyOptions, e
         laps=laps,
         rule=options.rule,
         route_language=options.route_language,
+        turn_vector=turn_vector,
     )
     answer = await runtime.pool.run(retriever.walk, serving, request)
     runtime.stages.observe_all(laps.seconds)
@@ -188,7 +223,42 @@ async def reply(runtime: Runtime, turns: Sequence[str], options: ReplyOptions, e
         if options.rule:
             raise NoCandidates("no candidate matches the filter and exclude_ids, or every match was excluded", "filter")
         raise NoCandidates("every candidate was excluded")
-    return ReplyOutcome(answer, serving.index_version)
+    if combiner is not None:
+        answer_vector = await _answer_vector(runtime, serving, answer)
+    return ReplyOutcome(answer, serving.index_version, message, answer_vector)
+
+
+def _kept_vectors(
+    serving: Serving, turns: Sequence[str], sides: Sequence[Side], history: Sequence[SessionTurn]
+) -> dict[int, np.ndarray]:
+    """Position in the combiner's window -> the stored vector of that turn, where the session kept
+    one in this snapshot's space (the same bundle, the same side). `history` is `turns` less the
+    newest, so the newest turn never has one."""
+    first = len(turns) - len(sides)  # the window's first turn, as an index of `turns`
+    kept = {}
+    for i, side in enumerate(sides):
+        at = first + i
+        if at < len(history) and history[at].text == turns[at]:
+            vector = history[at].vector_in(space_of(serving.bundle.checksum, side))
+            if vector is not None:
+                kept[i] = vector
+    return kept
+
+
+async def _answer_vector(runtime: Runtime, serving: Serving, answer: Answer) -> TurnVector | None:
+    """The answer's vector on the side the bot's turns are read, where the index holds it (a stored
+    reply, not a reaction): kept with the session's turn, and in the cache for a caller that sends
+    the turns itself. No encoder pass: the index has it."""
+    combiner = serving.combiner
+    row = answer.best.reply_row
+    if combiner is None or combiner.turns < 2 or not combiner.reply_side[1] or row < 0:
+        return None
+    stored = serving.index.reply_vectors(np.array([row], dtype=np.int64))[0]  # [D], as the codes hold it
+    vector = stored / max(float(np.linalg.norm(stored)), 1e-12)
+    checksum = serving.bundle.checksum
+    key = runtime.cache.key(checksum, "reply", answer.best.text, serving.encoder.lowercases)
+    await runtime.cache.put_many({key: vector})
+    return TurnVector(vector, space_of(checksum, "reply"))
 
 
 def _wants_query(runtime: Runtime, serving: Serving, last_turn: str, options: ReplyOptions) -> bool:
@@ -236,12 +306,13 @@ async def session_reply(
             no_repeat = runtime.settings.session_no_repeat
             recent_bot = [t.text for t in history.turns if t.role == "bot"][-no_repeat:] if no_repeat else []
             turns = [t.text for t in history.turns] + [message]
-            outcome = await reply(runtime, turns, options, {normalize(t) for t in recent_bot})
+            outcome = await reply(runtime, turns, options, {normalize(t) for t in recent_bot}, history.turns)
             if still_wanted is not None and not await still_wanted():
                 return outcome
-            bot = SessionTurn("bot", outcome.answer.best.text)
+            user = SessionTurn("user", message, outcome.message_vector)
+            bot = SessionTurn("bot", outcome.answer.best.text, outcome.answer_vector)
             started = time.perf_counter()
-            stored = await runtime.sessions.append(session_id, history, SessionTurn("user", message), bot)
+            stored = await runtime.sessions.append(session_id, history, user, bot)
             runtime.stages.observe("session_write", time.perf_counter() - started)
             if stored:
                 return outcome

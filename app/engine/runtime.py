@@ -16,6 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import faiss
 from threadpoolctl import threadpool_limits
@@ -40,8 +41,17 @@ from app.engine.sets import (
 )
 from app.engine.stats import Stages
 from core import filters
-from core.bundle import BundleError, BundleManifest, open_bundle, read_manifest, shipped_bundles
+from core.bundle import (
+    BundleError,
+    BundleManifest,
+    JoinedWay,
+    Thresholds,
+    open_bundle,
+    read_manifest,
+    shipped_bundles,
+)
 from core.confidence import WARMUP_TURNS, ConfidenceModel, ShareThreshold, threshold_for_share
+from core.context import Combiner
 from core.encoder import Encoder
 from core.reactions import ReactionClassifier
 from core.reranker import PolyReranker
@@ -217,6 +227,11 @@ class Model:
     reranker: PolyReranker | None
     reactions: ReactionClassifier | None
     confidence: ConfidenceModel | None
+    # The way contexts become vectors, and the calibration fitted that way: the combiner's
+    # (per turn) where the bundle has one, unless Settings.joined_context.
+    combiner: Combiner | None = None
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    calibration: dict[str, Any] = field(default_factory=dict)  # how `thresholds` were fitted; {}: never
 
 
 def load_reaction_model(settings: Settings) -> ReactionClassifier | None:
@@ -249,13 +264,25 @@ def load_model(
         encoder.alone_choice = choose_lone_session(encoder, spinning)
     if bundle.poly is not None and not encoder.has_poly:
         raise BundleError(f"bundle {bundle.name}: the manifest names a poly head the encoder graph lacks")
+    combiner, thresholds, confidence, calibration = (
+        encoder.combiner,
+        bundle.thresholds,
+        bundle.confidence,
+        bundle.calibration,
+    )
+    if combiner is not None and settings.joined_context:
+        joined = bundle.joined or JoinedWay()  # without its own: uncalibrated, as a bundle never calibrated
+        combiner, thresholds, confidence, calibration = None, joined.thresholds, joined.confidence, joined.calibration
     return Model(
         bundle=bundle,
         bundle_dir=bundle_dir,
         encoder=encoder,
         reranker=PolyReranker(bundle.poly) if bundle.poly is not None else None,
         reactions=reaction_model if reaction_model is not None else own_reactions(bundle_dir, bundle, encoder),
-        confidence=ConfidenceModel(bundle.confidence) if bundle.confidence is not None else None,
+        confidence=ConfidenceModel(confidence) if confidence is not None else None,
+        combiner=combiner,
+        thresholds=thresholds,
+        calibration=calibration,
     )
 
 
@@ -265,8 +292,8 @@ def serve(model: Model, index: IndexVersion, settings: Settings) -> Serving:
     Vectors from one model are never searched with another."""
     if index.manifest.bundle_checksum != model.bundle.checksum:
         raise ValueError(f"index {index.version} was built with another model ({index.manifest.bundle_checksum[:12]})")
-    thresholds = model.bundle.thresholds
-    if not model.bundle.calibration:
+    thresholds = model.thresholds
+    if not model.calibration:
         # Never calibrated (no held-out data of its own, e.g. the multilingual bundle): query
         # similarity answers only for a last turn closer to a stored query than 99% of stored
         # queries are to their nearest neighbour.
@@ -296,6 +323,7 @@ def serve(model: Model, index: IndexVersion, settings: Settings) -> Serving:
         model.reactions,
         model.confidence,
         share,
+        model.combiner,
     )
 
 

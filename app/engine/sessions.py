@@ -19,11 +19,20 @@ and never takes the room of what else lives in the state Redis (the candidate
 store, jobs, the reindex lock). A turn is stored as compact UTF-8 JSON, three
 bytes a Hangul syllable rather than the six of an ASCII escape; turns stored
 in the old escaped form read the same.
+
+In the per-turn way (core/context.py) a turn keeps its vector, packed beside its
+text (`TurnVector`), so the next request encodes only its new message. The
+vector names its space, the bundle checksum and the side it was encoded on, and
+is read only by a request in that same space: a reindex with another encoder, a
+rollback or a replica on another bundle recomputes it, never reuses it. Its
+bytes count toward the session's byte bound as the text's do.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import json
 import time
 from collections import OrderedDict
@@ -32,6 +41,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, TypeVar
 
+import numpy as np
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
@@ -51,9 +61,49 @@ ENTRY_OVERHEAD, TURN_OVERHEAD = 200, 40
 
 
 @dataclass(frozen=True)
+class TurnVector:
+    """A turn's vector in the per-turn way, in the space it was made in."""
+
+    vector: np.ndarray = field(compare=False)  # [D] unit
+    space: str  # "<bundle checksum, first 16>:<side>": `space_of`
+
+    def pack(self) -> str:
+        """int8 codes scaled by the largest component, base64: 4 + D bytes before base64 (520
+        characters at D = 384), where float32 would take 2,048; cosine to the original > 0.9999."""
+        scale = float(np.abs(self.vector).max()) or 1.0
+        codes = np.round(self.vector / scale * 127).astype(np.int8)
+        return base64.b64encode(np.float32(scale).tobytes() + codes.tobytes()).decode("ascii")
+
+    @classmethod
+    def unpack(cls, packed: str, space: str) -> TurnVector | None:
+        try:
+            raw = base64.b64decode(packed, validate=True)
+        except (binascii.Error, ValueError):
+            return None
+        if len(raw) < 5:
+            return None
+        scale = float(np.frombuffer(raw[:4], dtype=np.float32)[0])
+        vector = np.frombuffer(raw[4:], dtype=np.int8).astype(np.float32) * (scale / 127)
+        norm = float(np.linalg.norm(vector))
+        if not np.isfinite(norm) or norm == 0:
+            return None
+        return cls(vector / norm, space)
+
+
+def space_of(bundle_checksum: str, side: str) -> str:
+    """What a vector's space is named: the bundle it was made with and the side it was read on."""
+    return f"{bundle_checksum[:16]}:{side}"
+
+
+@dataclass(frozen=True)
 class SessionTurn:
     role: Role
     text: str
+    vector: TurnVector | None = None  # in the per-turn way, where the turn has one
+
+    def vector_in(self, space: str) -> np.ndarray | None:
+        """[D] the turn's vector if it was made in `space`; None otherwise, to be made again."""
+        return self.vector.vector if self.vector is not None and self.vector.space == space else None
 
 
 @dataclass(frozen=True)
@@ -74,6 +124,8 @@ class SessionBounds:
 def encode(turn: SessionTurn) -> bytes:
     """Compact UTF-8 JSON. A lone surrogate, which UTF-8 cannot hold, is escaped as JSON allows."""
     item = {"role": turn.role, "text": turn.text}
+    if turn.vector is not None:
+        item.update(v=turn.vector.pack(), s=turn.vector.space)
     try:
         return json.dumps(item, ensure_ascii=False, separators=(",", ":")).encode()
     except UnicodeEncodeError:
@@ -81,11 +133,14 @@ def encode(turn: SessionTurn) -> bytes:
 
 
 def decode(raw: bytes) -> SessionTurn | None:
-    """Either form, compact or ASCII-escaped; None for a corrupt entry."""
+    """Either form, compact or ASCII-escaped; None for a corrupt entry. A vector that does not
+    unpack is dropped (the turn is encoded again), the turn kept."""
     try:
         item = json.loads(raw)
-        return SessionTurn(role=item["role"], text=item["text"])
-    except (ValueError, KeyError, TypeError):
+        packed, space = item.get("v"), item.get("s")
+        vector = TurnVector.unpack(packed, space) if isinstance(packed, str) and isinstance(space, str) else None
+        return SessionTurn(role=item["role"], text=item["text"], vector=vector)
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
