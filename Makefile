@@ -22,7 +22,7 @@ JUDGE   := artifacts/bundles/minilm-l6-zeroshot-int8
 ZEROSHOT_E5 := artifacts/bundles/multilingual-e5-small-int8
 
 .PHONY: help install install-train install-test install-dev run serve index first-slice train-e5 train-script eval ood release judge \
-	baselines pack e5-pack train-student multilingual multilingual-tune multilingual-release bench-encoders bench-lexical run-multilingual test test-service test-training \
+	baselines pack e5-pack train-combiner train-student multilingual multilingual-tune multilingual-release bench-encoders bench-lexical run-multilingual test test-service test-training \
 	lint format typecheck pytest lock bench bench-profile bench-load bench-precision bench-ann bench-filters bench-cache bench-narrow bench-exact-query bench-reaction-share bench-reactions train-reactions train-reaction-reader bench-reindex bench-first-slice bench-index-build bench-encode-spin bench-first-run chaos clean \
 	docker
 
@@ -114,6 +114,17 @@ train-student: e5-pack  ## teacher -> 6-layer student -> int8 bundle (artifacts/
 	$(PY) -m models.student --release $(STUDENT_LAYERS)
 	$(PY) -m models.multilingual --student $(STUDENT_LAYERS) --out $(STUDENT_BUNDLE)
 	$(PY) -m models.trained_layers $(STUDENT_LAYERS)/layers.npz --release models/release/e5-l6-layers
+
+# The default encoder's per-turn combiner (models/combiner.py, CombinerConfig): every training turn's
+# vectors cached once by the bundle itself (about 15 min on 2 cores, resumable), the combiner trained on
+# them (seconds), then the bundle's index and its calibration for the per-turn way; last, the rebuild is
+# held to the tracked combiner's half-A figures. `make release-combiner` tracks it in models/release/e5.
+COMBINED := artifacts/bundles/e5-per-turn
+train-combiner: judge  ## the default encoder's combiner -> artifacts/bundles/e5-per-turn, indexed, calibrated, checked
+	$(PY) -m models.combiner --bundle $(RELEASE_DIR) --out $(COMBINED)
+	$(PY) -m index --if-missing --bundle $(COMBINED)
+	$(PY) -m models.calibrate --bundle $(COMBINED) --judge $(JUDGE)
+	$(PY) -m models.combiner --check $(COMBINED) --release $(RELEASE_DIR)
 
 multilingual-release: $(VENV)/.multilingual  ## judge the fine-tune against zero-shot (PROMOTE=1: track it if it passes)
 	$(PY) -m models.multilingual_release $(if $(PROMOTE),--promote) $(if $(ALPHA),--alpha $(ALPHA))

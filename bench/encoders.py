@@ -80,10 +80,9 @@ BUILD_CHUNK = 1024  # index/build.py's chunk
 
 def chitchat_test(encoder: Encoder, data: EvalSet) -> dict[str, Any]:
     """1-of-100 R@1 and R@10 on held-out chitchat turns, overall and per fixed half."""
-    m = encoder.manifest
-    context = encoder.encode(data.joined(m.turn_separator, m.max_context_turns), side="context")  # [N, D]
+    context = encoder.contexts(data.contexts)  # [N, D], per turn where the bundle has a combiner
     rank = ranks(context, encoder.encode(data.replies, side="reply"), data.negatives)  # [N]
-    halves = np.array([half(tuple(c)) for c in data.contexts])  # [N]
+    halves = np.array([half(tuple(c[-3:])) for c in data.contexts])  # [N] by the last 3 turns, as ever
     figures: dict[str, Any] = {
         "r_at_1": round(float((rank == 1).mean()), 4),
         "r_at_10": round(float((rank <= 10).mean()), 4),
@@ -99,9 +98,10 @@ def chitchat_test(encoder: Encoder, data: EvalSet) -> dict[str, Any]:
 
 
 def speed(encoder: Encoder, data: EvalSet, build_texts: list[str]) -> dict[str, float]:
-    """p50 ms of one context, and texts/s as an index build encodes (once each, length-sorted chunks)."""
+    """p50 ms of what a request in a conversation encodes (per turn: its new turn; joined: the window),
+    and texts/s as an index build encodes (once each, length-sorted chunks)."""
     m = encoder.manifest
-    texts = data.joined(m.turn_separator, m.max_context_turns)
+    texts = [c[-1] for c in data.contexts] if encoder.combiner else data.joined(m.turn_separator, m.max_context_turns)
     for text in texts[:20]:
         encoder.encode([text], side="context")
     single = []
@@ -265,7 +265,8 @@ def main() -> None:
         return
     chosen = [tuple(item.split("=", 1)) if "=" in item else (item, "") for item in args.bundle]
     bundles = [(Path(p), label) for p, label in chosen] or [(b, "") for b in default_bundles() if b.is_dir()]
-    data = eval_set(CHITCHAT_TEST, split="test")
+    # The same turns as 3-turn contexts give, with up to 8 before them for a combiner that reads more.
+    data = eval_set(CHITCHAT_TEST, split="test", max_context_turns=8)
     turns = [t[:1000] for c in load_conversations() for t in c.turns]
     build_texts = random.Random(0).sample(turns, BUILD_TEXTS)
     # Speed first, every bundle back to back, before any service starts: the figures that a busy

@@ -33,7 +33,7 @@ import numpy as np
 
 from app.config import Settings
 from app.engine.runtime import load_newest_serving
-from core.bundle import Thresholds, open_bundle, update_manifest
+from core.bundle import JoinedWay, Thresholds, open_bundle, update_manifest
 from core.confidence import ConfidenceModel
 from core.encoder import Encoder
 from core.store import IndexStore
@@ -101,17 +101,23 @@ def calibrate(
     data_path: Path | None = None,
     reaction_share: float = DEFAULT_REACTION_SHARE,
     off_topic_cost: float | None = None,
+    joined: bool = False,
 ) -> dict[str, Any]:
-    """Fits and writes the thresholds and the confidence model of `bundle_dir`."""
+    """Fits and writes the thresholds and the confidence model of `bundle_dir`, for the way it serves
+    contexts: per turn where it has a combiner, unless `joined` (then into its manifest's `joined`)."""
     started = time.perf_counter()
-    settings = Settings(artifacts_dir=artifacts, bundle_dir=bundle_dir)
+    settings = Settings(artifacts_dir=artifacts, bundle_dir=bundle_dir, joined_context=joined)
     serving = load_newest_serving(settings, IndexStore(settings.indexes_root))
-    data = eval_set(examples, seed, "validation", data_path)
+    turns = max(3, serving.combiner.turns if serving.combiner else 0)  # every turn the context vector reads
+    data = eval_set(examples, seed, "validation", data_path, max_context_turns=turns)
     judge = Encoder(judge_dir, open_bundle(judge_dir))
     features = replay(serving, judge, data.contexts, data.replies, settings.rerank_depth, settings.rerank_by_default)
     thresholds, spec, figures = fit(features, reaction_share, off_topic_cost)
     figures.update({"examples": len(data.replies), "seed": seed, "judge": judge.manifest.name})
-    update_manifest(bundle_dir, thresholds=thresholds, confidence=spec, calibration=figures)
+    if serving.combiner is None and serving.bundle.combiner is not None:
+        update_manifest(bundle_dir, joined=JoinedWay(thresholds, spec, figures))
+    else:
+        update_manifest(bundle_dir, thresholds=thresholds, confidence=spec, calibration=figures)
     print(f"[calibrate] {serving.bundle.name}: {asdict(thresholds)} {figures} ({time.perf_counter() - started:.0f}s)")
     return {"bundle": serving.bundle.name, "thresholds": asdict(thresholds), **figures}
 
@@ -125,6 +131,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)  # not the test set's seed 0, though the splits differ anyway
     parser.add_argument("--reaction-share", type=float, default=DEFAULT_REACTION_SHARE)
     parser.add_argument("--off-topic-cost", type=float, help="judge-cosine cost of an off-topic retrieved answer")
+    parser.add_argument("--joined", action="store_true", help="a bundle with a combiner: fit its joined way")
     args = parser.parse_args()
     calibrate(
         args.artifacts,
@@ -134,6 +141,7 @@ def main() -> None:
         args.seed,
         reaction_share=args.reaction_share,
         off_topic_cost=args.off_topic_cost,
+        joined=args.joined,
     )
 
 

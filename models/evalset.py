@@ -45,8 +45,12 @@ class EvalSet:
         return np.concatenate([np.arange(len(self.replies))[:, None], self.negatives], axis=1)
 
 
-def eval_set(n: int = 2000, seed: int = 0, split: Split = "test", path: Path | None = None) -> EvalSet:
-    pairs = load_pairs(split, max_context_turns=3, path=path)
+def eval_set(
+    n: int = 2000, seed: int = 0, split: Split = "test", path: Path | None = None, max_context_turns: int = 3
+) -> EvalSet:
+    """`n` examples drawn with `seed`. More `max_context_turns` gives the same examples (and
+    negatives), each with more of the turns before it."""
+    pairs = load_pairs(split, max_context_turns=max_context_turns, path=path)
     rng = np.random.default_rng(seed)
     chosen = [pairs[i] for i in rng.choice(len(pairs), size=min(n, len(pairs)), replace=False)]
     if len(chosen) < CANDIDATES:

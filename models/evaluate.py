@@ -101,7 +101,7 @@ def evaluate_all(
     artifacts: Path, out: Path, n: int, seed: int, bundle: Path, judge: Path, path: Path | None = None
 ) -> dict[str, Any]:
     depth = Settings().rerank_depth
-    data = eval_set(n, seed, path=path)
+    data = eval_set(n, seed, path=path, max_context_turns=8)  # the joined way reads the last 3 of them
     rows = bundle_rows(artifacts / "bundles", data, path, depth)
     out.mkdir(parents=True, exist_ok=True)
     walk = served_report(artifacts, bundle, judge, data, out) if judge.is_dir() else None

@@ -94,7 +94,9 @@ def replay(
     if rerank and serving.reranker is not None:
         context, poly = encoder.encode_with_poly(joined)  # [N, D], [N, m, D]
     else:
-        context = encoder.encode(joined, side="context")  # [N, D]
+        context = encoder.contexts(contexts, joined=serving.combiner is None)  # [N, D], as the service makes them
+    # What the bundle's own reaction head reads: per turn, the last turn alone (as serving does).
+    read = encoder.encode([c[-1] for c in contexts], side="context") if serving.combiner is not None else context
     n = len(contexts)
     query_score, reply_score = np.full(n, -1.0), np.full(n, -1.0)
     answers: dict[str, list[str]] = {s: [""] * n for s in SOURCES}
@@ -106,7 +108,8 @@ def replay(
         avoid = Avoid.of(window)
         q = retriever.query_similarity(serving, last[i], 1, avoid, contexts[i][-1])
         r = retriever.reply_matching(serving, context[i], 1, avoid, None if poly is None else poly[i], rerank_depth)
-        x = retriever.reaction(serving, window[-1], context[i], 1, avoid, retriever.conversation_script(window))
+        script = retriever.conversation_script(window)
+        x = retriever.reaction(serving, window[-1], context[i], 1, avoid, script, turn_vector=read[i])
         rows.append(features([h.score for h in r], window, r[0].text if r else ""))
         unfiltered = retriever.reply_matching(
             serving, context[i], 1, Avoid(), None if poly is None else poly[i], rerank_depth

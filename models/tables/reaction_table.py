@@ -21,10 +21,12 @@ def figures(bundle_dir: Path, encoder: Encoder, path: Path | None = None) -> dic
     classifier = ReactionClassifier.load(bundle_dir, m.reactions, encoder)
     pairs = load_pairs("test", m.max_context_turns, path)
     labels = ReactionSet.from_labels(m.reactions.labels).classify([p.reply for p in pairs])  # [N]
-    contexts = [m.turn_separator.join(p.context) for p, label in zip(pairs, labels, strict=True) if label >= 0]
-    if not contexts:
+    windows = [list(p.context) for p, label in zip(pairs, labels, strict=True) if label >= 0]
+    if not windows:
         return {}
-    probs = classifier.probabilities(encoder.encode(contexts, side="context"))  # [M, C]
+    # What the head reads as served: per turn, the last turn alone; joined, the window's vector.
+    read = encoder.encode([w[-1] for w in windows], "context") if encoder.combiner else encoder.contexts(windows)
+    probs = classifier.probabilities(read)  # [M, C]
     truth = labels[labels >= 0]  # [M]
     rank = 1 + (probs > probs[np.arange(len(truth)), truth][:, None]).sum(axis=1)  # [M]
     return {

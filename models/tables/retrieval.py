@@ -41,7 +41,7 @@ def bundle_ranks(encoder: Encoder, data: EvalSet, depth: int = 50) -> tuple[np.n
     joined = data.joined(m.turn_separator, m.max_context_turns)
     reply = encoder.encode(data.replies, side="reply")  # [N, D]
     if m.poly is None:
-        return ranks(encoder.encode(joined, side="context"), reply, data.negatives), None
+        return ranks(encoder.contexts(data.contexts), reply, data.negatives), None
     context, poly = encoder.encode_with_poly(joined)  # [N, D], [N, m, D]
     candidates = data.candidates  # [N, 100], true first
     bi = np.einsum("nd,ncd->nc", context, reply[candidates])  # [N, 100]
