@@ -198,10 +198,11 @@ def markdown(rows: list[dict[str, Any]], choice: dict[str, Any], cpu: str) -> st
         "reply uploaded as a set's only candidates, `/reply` with reply matching alone, k = 10. chitchat test: "
         "1-of-100 on 2,000 held-out turns, in process. chatterbot: as `bench.ood` (a floor, not the target). "
         "STS: Spearman x 100 of `/similar`. * trained on chatterbot-corpus: its chatterbot figures are not clean, "
-        "and it cannot be chosen.",
+        "and it cannot be chosen. p50: what a request in a conversation encodes, one text at a time: the new "
+        "turn for a bundle that serves per turn, the joined window otherwise.",
         "",
         "| model | Topical-Chat | ChatbotData KO | chitchat test | chatterbot EN | chatterbot KO | STS15 headlines "
-        "| STS15 images | KorSTS dev | MB | p50 ms, 1 context | build texts/s |",
+        "| STS15 images | KorSTS dev | MB | p50 ms, a request's encode | build texts/s |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -229,6 +230,22 @@ def markdown(rows: list[dict[str, Any]], choice: dict[str, Any], cpu: str) -> st
         fits = [r["sets"].get(f"reactions-labelled-{lang}") for lang in ("en", "ko")]
         fit = " / ".join("–" if f is None else f"{f['fits']:.0%} ({f['wrong']} wrong)" for f in fits)
         lines.append(f"| {r['model']} | {r['source']} | {r['licence']} | {r['layers']} | {r['pieces']} | {fit} |")
+    lines += [
+        "",
+        "Questions: of the turns that ask one (a `?` in the last turn), the share answered with a question, "
+        "beside the share whose gold reply is one.",
+        "",
+        "| model | set | turns that ask | answered with a question | gold is a question |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        for name in ("topical_chat_valid", "chatbotdata_ko_dev"):
+            q = r["sets"].get(name, {}).get("questions")
+            if q:
+                lines.append(
+                    f"| {r['model']} | {name} | {q['turns_that_ask']} | {q['answered_with_a_question']:.1%} | "
+                    f"{q['gold_is_a_question']:.1%} |"
+                )
     return "\n".join(lines) + "\n"
 
 

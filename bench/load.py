@@ -1,6 +1,7 @@
 """`make bench-load`: the service against a naive one, under wrk, on loopback.
 
     python -m bench.load [--duration 20] [--clients 1 32] [--bundle DIR] [--artifacts DIR] [--spin]
+                         [--modes cold session stateless]
 
 Starts the service on a bundle (default: the release bundle; any bundle with
 an index under --artifacts, so the bench runs before a release exists) and
@@ -15,6 +16,19 @@ utterance repeats and nothing is served from a cache. Also measured for the
 service: seconds from process start to /readyz 200 with the artifacts
 present, and resident memory after the load. Writes reports/load.md and
 reports/load.json.
+
+Three modes (`--modes`):
+
+- cold: the above; no turn was seen before, so every request encodes its whole window;
+- session: each wrk thread holds one connection and plays held-out conversations turn by turn
+  through `session_id` (bench/conversation.lua): the user's lines are the conversation's own, the
+  bot's are the service's answers;
+- stateless: the same conversations, the client sending the growing context (its lines and the
+  answers it got, the newest 10) with every request.
+
+A bundle with a combiner serves per turn; it is also run served the joined way
+(CHITCHAT_JOINED_CONTEXT=1, "project-joined") in the same sitting, so the two ways compare on one
+CPU. The naive services take cold and stateless requests (they encode the joined window each time).
 """
 
 from __future__ import annotations
@@ -91,20 +105,25 @@ def rss_mb(pid: int) -> float:
     return total / 1024
 
 
-def wrk(port: int, clients: int, duration: int, bodies: Path, tag: str) -> dict[str, Any]:
+def wrk(port: int, clients: int, duration: int, bodies: Path, tag: str, mode: str = "cold") -> dict[str, Any]:
+    """mode: "cold" (bench/load.lua, one thread), or "session" / "stateless" (bench/conversation.lua,
+    a thread a client, so that each plays its conversations in order)."""
+    if mode == "cold":
+        threads, script, extra = 1, "load.lua", [str(bodies), tag]
+    else:
+        threads, script, extra = clients, "conversation.lua", [str(bodies), mode, tag, str(clients)]
     command = [
         "wrk",
-        "-t1",
+        f"-t{threads}",
         f"-c{clients}",
         f"-d{duration}s",
         "--timeout",
         "10s",
         "-s",
-        str(ROOT / "bench" / "load.lua"),
+        str(ROOT / "bench" / script),
         f"http://127.0.0.1:{port}",
         "--",
-        str(bodies),
-        tag,
+        *extra,
     ]
     output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     figures = json.loads(output.strip().splitlines()[-1])
@@ -117,6 +136,25 @@ def wrk(port: int, clients: int, duration: int, bodies: Path, tag: str) -> dict[
         "errors": figures["errors"],
         "requests": figures["requests"],
     }
+
+
+def conversations() -> list[list[str]]:
+    """The held-out conversations' user lines (their turns at even positions), shuffled once (seed 1)."""
+    import random
+
+    from index.corpus import load_conversations, split_of
+
+    held_out = [c for c in load_conversations() if split_of(c.id) in ("test", "validation")]
+    played = [[t[:MAX_TURN_CHARS] for t in c.turns[::2]] for c in held_out]
+    played = [c for c in played if len(c) >= 2]
+    random.Random(1).shuffle(played)
+    return played
+
+
+def write_conversations(path: Path, chosen: list[list[str]]) -> Path:
+    """One conversation a line: its user lines JSON-escaped (no tab survives escaping), tab-separated."""
+    path.write_text("".join("\t".join(json.dumps(t)[1:-1] for t in c) + "\n" for c in chosen))
+    return path
 
 
 def write_bodies(path: Path, chosen: list[list[str]]) -> Path:
@@ -135,17 +173,19 @@ def drive(
     command: list[str],
     env: dict[str, str],
     port: int,
-    runs: list[tuple[int, Path]],
+    runs: list[tuple[str, int, Path]],
     duration: int,
     nonce: str,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """runs: (clients, file of base contexts); each run's tag differs, so no two requests are alike."""
+    """runs: (mode, clients, file of base contexts or of conversations); each run's tag differs, so no
+    two cold requests are alike and no two runs share a session."""
     server, ready_s = start(command, port, env)
     rows = []
     try:
-        for i, (clients, bodies) in enumerate(runs):
-            row = {"service": service, "clients": clients, **wrk(port, clients, duration, bodies, f"{nonce}r{i}")}
-            row["base_contexts"] = sum(1 for _ in bodies.open())  # each sent with a unique tag, however often
+        for i, (mode, clients, bodies) in enumerate(runs):
+            measured = wrk(port, clients, duration, bodies, f"{nonce}r{i}", mode)
+            row = {"service": service, "mode": mode, "clients": clients, **measured}
+            row["base_contexts" if mode == "cold" else "conversations"] = sum(1 for _ in bodies.open())
             print(f"[load] {row}", flush=True)
             rows.append(row)
         extra = {"ready_seconds": round(ready_s, 1), "rss_mb_after_load": round(rss_mb(server.pid), 1)}
@@ -169,26 +209,25 @@ def markdown(
     settings = f"{rerank}, CHITCHAT_ORT_SPIN=1" if spin else rerank
     lines = [
         f"`/reply` under wrk on loopback, {machine or f'{cores} cores'}, shared by the server and wrk, {duration} s "
-        "per row, every "
-        "request a multi-turn held-out context whose last turn ends with a tag no other request carries (no "
-        f'cache hits). "project": this service on bundle {bundle} and index {version} ({settings}); "naive": '
-        "MiniLM through sentence-transformers in PyTorch + FAISS exact search + one FastAPI route, on the same "
-        'replies; "naive-e5": the same with the default encoder\'s weights (e5-small + the tracked layers) in PyTorch.',
+        f'per row. "project": this service on bundle {bundle} and index {version} ({settings}), per turn where '
+        'the bundle has a combiner; "project-joined": the same served the joined way (CHITCHAT_JOINED_CONTEXT=1); '
+        '"naive": MiniLM through sentence-transformers in PyTorch + FAISS exact search + one FastAPI route, on '
+        'the same replies; "naive-e5": the same with the default encoder\'s weights in PyTorch. Modes: cold, '
+        "every request a held-out multi-turn context whose last turn carries a tag no other request has (no "
+        "turn seen before); session, each client plays held-out conversations turn by turn through "
+        "`session_id`; stateless, the same sending the growing context (bench/conversation.lua).",
         "",
-        "| service | clients | rps | p50 | p99 | errors |",
-        "|---|---|---|---|---|---|",
+        "| service | mode | clients | rps | p50 | p99 | errors |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['service']} | {r['clients']} | {r['rps']:.1f} | {r['p50_ms']:.1f} ms | {r['p99_ms']:.1f} ms | "
-            f"{r['errors']} |"
+            f"| {r['service']} | {r.get('mode', 'cold')} | {r['clients']} | {r['rps']:.1f} | {r['p50_ms']:.1f} ms | "
+            f"{r['p99_ms']:.1f} ms | {r['errors']} |"
         )
-    by = {(r["service"], r["clients"]): r for r in rows}
-    for clients in sorted({r["clients"] for r in rows}):
-        for naive_name in ("naive", "naive-e5"):
-            ours, naive = by.get(("project", clients)), by.get((naive_name, clients))
-            if ours and naive and naive["rps"]:
-                lines.append(f"| ratio to {naive_name} | {clients} | {ours['rps'] / naive['rps']:.1f}× | | | |")
+    lines += ["", "| ratio | mode | clients | rps | p50 |", "|---|---|---|---|---|"]
+    for (ours, theirs, mode, clients), (rps, p50) in ratios(rows).items():
+        lines.append(f"| {ours} / {theirs} | {mode} | {clients} | {rps:.2f}× | {p50:.2f}× |")
     p, naive = extra.get("project", {}), extra.get("naive", {})
     lines += [
         "",
@@ -196,6 +235,27 @@ def markdown(
         f"{p.get('rss_mb_after_load')} MB after the load. Naive: ready {naive.get('ready_seconds')} s.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def ratios(rows: list[dict[str, Any]]) -> dict[tuple[str, str, str, int], tuple[float, float]]:
+    """(service, against, mode, clients) -> (rps ratio, p50 ratio) for the per-turn way against the
+    joined one, and this service against each naive one, wherever both ran."""
+    by = {(r["service"], r.get("mode", "cold"), r["clients"]): r for r in rows}
+    pairs = [("project", "project-joined"), ("project", "naive"), ("project", "naive-e5")]
+    out = {}
+    for ours, theirs in pairs:
+        for (service, mode, clients), row in by.items():
+            other = by.get((theirs, mode, clients))
+            if service == ours and other and other["rps"] and other["p50_ms"]:
+                out[(ours, theirs, mode, clients)] = (row["rps"] / other["rps"], row["p50_ms"] / other["p50_ms"])
+    # The naive services take no sessions: the project's session rows against their stateless ones.
+    for theirs in ("naive", "naive-e5"):
+        for (service, mode, clients), row in by.items():
+            other = by.get((theirs, "stateless", clients))
+            if service == "project" and mode == "session" and other and other["rps"] and other["p50_ms"]:
+                key = ("project", f"{theirs} (stateless)", "session", clients)
+                out[key] = (row["rps"] / other["rps"], row["p50_ms"] / other["p50_ms"])
+    return out
 
 
 def main() -> None:
@@ -213,24 +273,38 @@ def main() -> None:
         )
     print(f"[load] bundle {bundle.name} ({bundle_dir}), index {version}", flush=True)
     envs = _environments(bundle_dir, artifacts, store.path(version), args.spin, args.own_head)
-    pool = contexts()
+    pool, played = contexts(), conversations()
     nonce = os.urandom(3).hex()  # a fresh tag per invocation too, should a cache outlive a run
     rows: list[dict[str, Any]] = []
     extra: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         warmup = write_bodies(Path(tmp) / "warmup.jsonl", pool[:WARMUP])
+        cold = "cold" in args.modes
         share = (len(pool) - WARMUP) // len(args.clients)
-        runs = [
-            (clients, write_bodies(Path(tmp) / f"{clients}.jsonl", pool[WARMUP + i * share : WARMUP + (i + 1) * share]))
-            for i, clients in enumerate(args.clients)
-        ]
+        runs: dict[str, list[tuple[str, int, Path]]] = {"cold": [], "session": [], "stateless": []}
+        for i, clients in enumerate(args.clients):
+            chosen = pool[WARMUP + i * share : WARMUP + (i + 1) * share]
+            runs["cold"].append(("cold", clients, write_bodies(Path(tmp) / f"{clients}.jsonl", chosen)))
+        # Each conversation run its own slice: no run meets a conversation another played.
+        talk = [m for m in ("session", "stateless") if m in args.modes]
+        slices = max(1, len(talk) * len(args.clients))
+        size = len(played) // slices
+        for j, (mode, clients) in enumerate((m, c) for m in talk for c in args.clients):
+            chosen = played[j * size : (j + 1) * size]
+            runs[mode].append((mode, clients, write_conversations(Path(tmp) / f"{mode}-{clients}.tsv", chosen)))
         # The first requests pay for lazy initialisation: a short unmeasured run on contexts of its own.
-        for service, target in _services(bundle.query_prefix.startswith("query:"), args).items():
+        for service, target in _services(
+            bundle.query_prefix.startswith("query:"), bundle.combiner is not None, args
+        ).items():
             port = free_port()
             command = [sys.executable, "-m", "uvicorn", *target, "--host", "127.0.0.1", "--port", str(port)]
             command += ["--no-access-log", "--log-level", "warning"]
+            naive = service.startswith("naive")
+            chosen_runs = (runs["cold"] if cold else []) + (
+                runs["stateless"] if naive else runs["session"] + runs["stateless"]
+            )
             measured, extra[service] = drive(
-                service, command, envs[service], port, [(4, warmup), *runs], args.duration, nonce
+                service, command, envs[service], port, [("cold", 4, warmup), *chosen_runs], args.duration, nonce
             )
             rows += measured[1:]
     cores = os.cpu_count() or 0
@@ -244,8 +318,20 @@ def main() -> None:
         "ort_spin": args.spin,
         "reaction_model": not args.own_head,  # False: each turn handed to a reaction read by the bundle's own head
         "index_version": version,
-        "unique_requests": "every request's last turn carries its own tag (bench/load.lua)",
+        "unique_requests": "cold: every request's last turn carries its own tag (bench/load.lua); session and "
+        "stateless: each conversation played once a run (bench/conversation.lua)",
         "rows": rows,
+        "ratios": [
+            {
+                "service": k[0],
+                "against": k[1],
+                "mode": k[2],
+                "clients": k[3],
+                "rps": round(v[0], 3),
+                "p50": round(v[1], 3),
+            }
+            for k, v in ratios(rows).items()
+        ],
         **extra,
     }
     (args.out / "load.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -275,6 +361,10 @@ def _arguments() -> argparse.Namespace:
         "--own-head", action="store_true", help="no reaction model: the bundle's own head (CHITCHAT_REACTIONS_DIR='')"
     )
     parser.add_argument("--out", type=Path, default=ROOT / "reports")
+    parser.add_argument(
+        "--modes", nargs="+", choices=("cold", "session", "stateless"), default=["cold", "session", "stateless"]
+    )
+    parser.add_argument("--no-joined", action="store_true", help="a bundle with a combiner: skip its joined run")
     return parser.parse_args()
 
 
@@ -295,22 +385,26 @@ def _environments(
         # The naive service answers from the same index version's replies (its own vectors, cached by model).
         "naive": {**env, "NAIVE_INDEX_DIR": str(index_dir), "NAIVE_CACHE_DIR": str(artifacts / "bench")},
     }
+    envs["project-joined"] = {**envs["project"], "CHITCHAT_JOINED_CONTEXT": "1"}
     # ... and, for an e5 bundle, the same encoder's weights in PyTorch: like against like.
     envs["naive-e5"] = {**envs["naive"], "NAIVE_MODEL": "e5"}
     return envs
 
 
-def _services(e5: bool, args: argparse.Namespace) -> dict[str, list[str]]:
-    """The services to measure, by name, each with its uvicorn target: this project's, and the naive
-    ones `--skip-naive` and `--naive` leave (an e5 bundle has its own naive twin too)."""
-    services = {"project": ["app.main:create_app", "--factory"], "naive": ["bench.naive:app"]}
+def _services(e5: bool, per_turn: bool, args: argparse.Namespace) -> dict[str, list[str]]:
+    """The services to measure, by name, each with its uvicorn target: this project's (served the
+    joined way too, for a bundle with a combiner), and the naive ones `--skip-naive` and `--naive`
+    leave (an e5 bundle has its own naive twin too)."""
+    app = ["app.main:create_app", "--factory"]
+    ours = {"project": app, **({"project-joined": app} if per_turn and not args.no_joined else {})}
+    services = {**ours, "naive": ["bench.naive:app"]}
     if e5:
         services["naive-e5"] = ["bench.naive:app"]
     if args.skip_naive:
-        return {"project": services["project"]}
+        return ours
     if args.naive != "all":
         wanted = {"minilm": "naive", "e5": "naive-e5"}[args.naive]
-        return {k: v for k, v in services.items() if k == "project" or k == wanted}
+        return {k: v for k, v in services.items() if k in ours or k == wanted}
     return services
 
 

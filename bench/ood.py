@@ -92,6 +92,8 @@ def reply_figures(
     p50 ms of a request as the client saw it."""
     first = np.zeros(len(data.contexts), dtype=bool)  # [C]
     top10 = np.zeros(len(data.contexts), dtype=bool)  # [C]
+    asked_back = np.zeros(len(data.contexts), dtype=bool)  # [C] the answer is a question
+
     seconds = np.zeros(len(data.contexts))  # [C]
     reacted = no_answer = 0
     for i, context in enumerate(data.contexts):
@@ -106,6 +108,7 @@ def reply_figures(
             continue
         answer = response.raise_for_status().json()
         first[i] = data.hit(i, answer["reply"])
+        asked_back[i] = is_question(answer["reply"])
         top10[i] = any(data.hit(i, c["text"]) for c in answer["candidates"])
         if reactions:
             default = client.post("/reply", json={"context": list(context)}).raise_for_status().json()
@@ -119,6 +122,14 @@ def reply_figures(
             "r_at_10": round(float(top10[part].mean()), 4),
             "contexts": int(part.sum()),
         }
+    asks = np.array([is_question(c[-1]) for c in data.contexts])  # [C] the last turn asks something
+    gold_asks = np.array([any(is_question(g) for g in gold) for gold in data.gold])  # [C]
+    if asks.any():
+        figures["questions"] = {
+            "turns_that_ask": int(asks.sum()),
+            "answered_with_a_question": round(float(asked_back[asks].mean()), 4),
+            "gold_is_a_question": round(float(gold_asks[asks].mean()), 4),
+        }
     if reactions:
         figures["reaction_share"] = round(reacted / len(data.contexts), 4)
     if rerank is not None:
@@ -126,6 +137,11 @@ def reply_figures(
     if no_answer:
         figures["no_candidate"] = no_answer
     return {**figures, "contexts": len(data.contexts), "candidates": len(data.replies)}
+
+
+def is_question(text: str) -> bool:
+    """A turn that asks something, as the confidence model reads it: a question mark in it."""
+    return "?" in text
 
 
 LABELLED_REACTIONS = ROOT / "bench" / "data" / "reactions_labelled.jsonl"
