@@ -116,7 +116,10 @@ class Combiner:
     def combine(self, vectors: np.ndarray, texts: Sequence[str]) -> np.ndarray:
         """vectors: [T, D] the window's turn vectors, oldest first, each on its `sides` side; texts:
         the T turns (their lengths gate them). Returns the [D] unit context vector."""
-        return np.asarray(self.combine_many(vectors[::-1][None], [list(texts)])[0])
+        newest_first = np.zeros((1, self.turns, vectors.shape[1]), dtype=np.float32)  # [1, N, D]
+        recent = vectors[-self.turns :]
+        newest_first[0, : len(recent)] = recent[::-1]
+        return np.asarray(self.combine_many(newest_first, [list(texts)])[0])
 
     def combine_many(self, vectors: np.ndarray, windows: Sequence[Sequence[str]]) -> np.ndarray:
         """vectors: [B, N, D] newest first, zero where a window has fewer turns; windows: B lists of
@@ -128,7 +131,9 @@ class Combiner:
             for p, text in enumerate(reversed(list(window)[-n:])):
                 lengths[i, p], present[i, p] = length_feature(text), 1.0
         gates = np.exp(self.gate_bias[None] + self.gate_newest[None] * lengths[:, :1] + self.gate_own[None] * lengths)
-        pooled = unit(np.einsum("bn,bnd->bd", gates * present, vectors[:, :n]))  # [B, D]
+        if vectors.shape[1] != n:
+            raise ValueError(f"the combiner reads {n} positions, got {vectors.shape[1]}")
+        pooled = unit(np.einsum("bn,bnd->bd", gates * present, vectors))  # [B, D]
         return unit(pooled + pooled @ self.head + self.head_bias)  # [B, D]
 
 

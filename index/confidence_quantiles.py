@@ -58,7 +58,9 @@ def stored_reply_confidences(
     vectors = context_vectors(texts) if context_vectors else encoder.encode(texts, "context")  # [S, D]
     turns = [[text] for text in texts]
     if encoder.combiner is not None:  # a one-turn context's vector, per turn: its turn's, combined
-        vectors = encoder.combiner.combine_many(vectors[:, None, :], turns)  # [S, D]
+        padded = np.zeros((len(texts), encoder.combiner.turns, vectors.shape[1]), dtype=np.float32)  # [S, N, D]
+        padded[:, 0] = vectors
+        vectors = encoder.combiner.combine_many(padded, turns)  # [S, D]
     # As deep as the service searches for a one-turn context: DEPTH hits, past the echo and a few repeats.
     scores, found = reply_index.search(vectors, confidence.DEPTH + 1 + OVERFETCH)  # [S, K] each
     values = []

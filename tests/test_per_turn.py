@@ -51,7 +51,10 @@ def test_a_combiner_of_one_turn_with_no_head_gives_the_turn_itself() -> None:
         np.zeros(8, np.float32),
         np.array([False, True, False]),
     )
-    assert np.allclose(plain.combine_many(v, [["hi"]]), v[:, 0])
+    padded = np.concatenate([v, np.zeros((1, 2, 8), np.float32)], axis=1)  # [1, N, D]: one turn of three
+    assert np.allclose(plain.combine_many(padded, [["hi"]]), v[:, 0])
+    two = unit(np.random.default_rng(1).normal(size=(2, 8)).astype(np.float32))  # oldest first
+    assert np.allclose(plain.combine(two, ["a", "b"]), unit(two.sum(axis=0)))  # every gate e^0: a plain sum
     assert plain.sides(3) == ["context", "reply", "context"]  # oldest first: the newest is the user's
     assert plain.sides(2) == ["reply", "context"]
     with pytest.raises(ValueError, match="context side"):
@@ -175,3 +178,14 @@ async def test_the_session_byte_bound_counts_the_kept_vectors(per_turn_artifacts
     raws = (await runtime.sessions.backend.read("session:s-bytes"))[0]
     assert sum(len(r) for r in raws) <= 12_288
     assert all(b'"v":' in r for r in raws)
+
+
+async def test_a_window_shorter_than_the_combiner_is_combined_as_offline_code_combines_it(
+    per_turn_artifacts: Path,
+) -> None:
+    runtime = runtime_on(per_turn_artifacts)
+    turns = ["i'm good thanks, how about you?", "do you like dogs?"]  # 2 of the combiner's 3 positions
+    served = await pipeline.reply(runtime, turns, ReplyOptions(3, MATCHING), set())
+    offline = runtime.current().encoder.contexts([turns])[0]  # [D]
+    top = runtime.current().encoder.encode([served.answer.best.text], "reply")[0]
+    assert abs(served.answer.best.score - float(top @ offline)) < 0.03
