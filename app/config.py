@@ -37,7 +37,7 @@ class Settings(BaseSettings):
     cache_redis_url: str | None = None
     # Every Redis call gives up after this, and the failure bypasses Redis, sessions
     # included. On a busy event loop the timer also counts the loop's own lag: at 50 ms
-    # a healthy Redis times out under chaos scenario 11's load, and the bypass loses
+    # a healthy Redis times out under the chaos suite's cancellation storm, and the bypass loses
     # session turns. A frozen Redis costs one request this much per bypass window.
     redis_timeout_ms: int = Field(default=250, ge=1, le=5000)
     # After a Redis failure that survived a reconnect, skip Redis for this long
@@ -107,8 +107,9 @@ class Settings(BaseSettings):
     # Requests on /reply and /similar at once, beyond which a new one gets 429 before its
     # body is read. Each sends one job to the encoder queue, so at max_pending the queue's
     # own refusal, which comes only after the body is parsed, is left as a backstop. 32: an admitted
-    # request queues behind the others, and under chaos scenario 6's flood on 2 cores the slowest
-    # stays within the scenario's bar (none over 5 s) at 32 and not at 64 (docs/experiments.md).
+    # request queues behind the others, and under the chaos flood of the in-flight limit on 2 cores
+    # the slowest stays within the scenario's bar (none over 5 s) at 32 and not at 64
+    # (docs/experiments.md).
     max_in_flight: int = Field(default=32, ge=1)
     # A request body (but an admin route's) must have arrived whole this long after the request
     # began to be read, or the answer is 408 and the connection closes: a request is counted

@@ -81,8 +81,8 @@ class AdmissionLimit:
     Installed twice, around `BodySizeLimit` (app/main.py). Inside it (`counts`), it counts a request
     once its body is in hand, so a client slow to send its body waits at the reader's deadline, not
     in a slot. Outside it, it only refuses, before a body is read, while the slots are all taken: the
-    refusals a flood gets then skip the reader's timer and replay (chaos scenario 6;
-    docs/experiments.md has the figures)."""
+    refusals a flood gets then skip the reader's timer and replay (the chaos suite's flood of the
+    in-flight limit; docs/experiments.md has the figures)."""
 
     def __init__(
         self,

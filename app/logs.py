@@ -89,7 +89,7 @@ class RequestLog:
             return
         given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
         # 32 hex digits as uuid4 wrote them, at a tenth of its cost: an id names a request, it guards
-        # nothing, and under a flood every refusal pays for one (scenario 6).
+        # nothing, and under a flood every refusal pays for one (the chaos flood of the in-flight limit).
         request_id = given if REQUEST_ID.match(given) else f"{random.getrandbits(128):032x}"
         scope.setdefault("state", {})["request_id"] = request_id
         started = time.perf_counter()

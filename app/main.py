@@ -128,7 +128,7 @@ async def _load(service: ServiceState, settings: Settings) -> None:
         raise
     service.runtime = runtime
     # What loading made lives about as long as the process: kept out of the cyclic collector's sight,
-    # a full collection under a flood no longer walks it (chaos scenario 6's refusals: docs/experiments.md).
+    # a full collection under a flood does not walk it (the in-flight-limit flood's refusals: docs/experiments.md).
     # Frozen objects are still freed by their reference counts (a swapped-out index); only a cycle
     # among them would stay, so the cycles loading left are collected first.
     gc.collect()

@@ -1,9 +1,9 @@
 """Pacing for the health probes (/livez, /healthz, /readyz), which anyone may call.
 
 A probe is cheap, but never free: each costs the event loop a request's parsing and answer, and a
-client that sends the next one as soon as it has the last (400 keep-alive sockets on /readyz, chaos
-scenario 28) keeps the loop busy with nothing else, and every /reply then waits a whole round of
-the loop at each of its steps (docs/experiments.md has the figures).
+client that sends the next one as soon as it has the last (400 keep-alive sockets on /readyz, the
+chaos suite's /readyz flood) keeps the loop busy with nothing else, and every /reply then waits a
+whole round of the loop at each of its steps (docs/experiments.md has the figures).
 
 Refusing them would not help: a 429 costs the loop what an answer does, and the flood asks again at
 once. Probes are delayed instead, as nginx's limit_req delays what is past its rate: a waiting probe

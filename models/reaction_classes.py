@@ -20,7 +20,7 @@ One table, in three parts, read by the recipe (models/reaction_head.py), the gat
 
 A class's chitchat examples (as `reaction_key` and `near_duplicate_key` fold
 them: "Sorry!!" is "sorry") only name served text back to its class
-(bench/ood.py); the classifier no longer learns from chitchat replies.
+(bench/ood.py); the classifier does not learn from chitchat replies.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ CLASS_NAMES = tuple(c.name for c in REACTION_CLASSES)
 FALLBACK = next(c.name for c in REACTION_CLASSES if c.role == "fallback")
 MIRRORS = frozenset(c.name for c in REACTION_CLASSES if c.role == "mirror")
 # Reactions that are amazed or say the user's words back: never the answer to a turn nothing is sure
-# about. "wow" and "우와" are no longer classes; they stay here so that no bundle brings them back.
+# about. "wow" and "우와" are not classes; they are listed so that no bundle brings them back.
 NEVER_UNSURE = frozenset({"wow", "우와", "me too!", "나도!", "you too!", "너도!"})
 
 

@@ -23,7 +23,7 @@ with it; its encoder does not, so retrieval is untouched).
   of them the right one; then the most that fit; then the safest.
 
 Mining the corpus's frequent short replies (`mine`) stays for the eval's
-reaction tables; the classes no longer come from it.
+reaction tables; the classes do not come from it.
 """
 
 from __future__ import annotations
@@ -153,8 +153,8 @@ class ReactionConfig:
     weight_decay: float = 0.01
     dropout: float = 0.2  # of the hidden layer, when there is one
     # On the dev splits: of the texts clearly good or bad news that the service answers with a side,
-    # at least this share the right side, in each source. The issue's bar is 95% on the test splits;
-    # 95% on dev read 93.8% and 94.1% there (GoEmotions, KOTE), hence the margin.
+    # at least this share the right side, in each source. The service's bar (docs/reactions.md) is 95%
+    # on the test splits; 95% on dev read 93.8% and 94.1% there (GoEmotions, KOTE), hence the margin.
     side_accuracy: float = 0.97
     # The dev sources that bar holds on. Not NSMC: its gold is a movie review's star rating, and no
     # setting that lets any class take a side reads 95% on its dev fifth (docs/reactions.md).
@@ -646,7 +646,7 @@ def train_reactions(
     arrays["axis_bias"] = np.array([offset if n == "valence" else 0.0 for n in names], np.float32)  # [A]
     spec = ReactionSpec(
         labels=[c.surface["en"] for c in REACTION_CLASSES],
-        coverage=0.0,  # the classes are no longer mined from the corpus
+        coverage=0.0,  # the classes are not mined from the corpus
         language="en",
         translations={"ko": [c.surface["ko"] for c in REACTION_CLASSES]},
         stances=[c.stance for c in REACTION_CLASSES],

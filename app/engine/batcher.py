@@ -166,7 +166,7 @@ class Batcher(Generic[Item, Result]):
 
         Woken all at once, a batch's callers ran back to back, each through its search hop
         and response, while the sockets waited: under 200 connections flooding the in-flight
-        limit (chaos scenario 6) the refusals' p99 was ~108 ms. A turn each lets the loop read
+        limit (the chaos suite's flood) the refusals' p99 was ~108 ms. A turn each lets the loop read
         its sockets in between, and holds the next batch until the loop has: ~35-46 ms. At 1
         and 32 clients, where a turn is short, requests/s did not move (`python -m bench.profile`)."""
         try:

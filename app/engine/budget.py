@@ -2,9 +2,10 @@
 
 Each set's reindex job runs in a thread of the process that serves every set, and a build holds its
 texts, both sides' vectors and the FAISS graphs in memory: ~0.4 GB above steady state for 96k
-candidates (chaos scenario 5's peak RSS against steady). Uploads to several sets at once could take
-the process past its memory and down with every set. A job waits here (its state says so) until its
-estimate fits beside the builds running; one larger than the whole budget runs alone.
+candidates (peak RSS against steady in the chaos scenario of two reindexes at once). Uploads to
+several sets at once could take the process past its memory and down with every set. A job waits
+here (its state says so) until its estimate fits beside the builds running; one larger than the
+whole budget runs alone.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-BYTES_PER_CANDIDATE = 4_400  # ~0.4 GB over 96k candidates (chaos scenario 5), rounded up
+BYTES_PER_CANDIDATE = 4_400  # ~0.4 GB over 96k candidates (chaos: two reindexes at once), rounded up
 
 
 class BuildBudget:

@@ -32,7 +32,7 @@ def fix_malloc_thresholds() -> bool:
     to 32 MiB) and its trim threshold to twice that. After a reindex frees its ~15 MB vector
     chunks, a thread's arena may then keep up to ~30 MB of free memory at its top, and
     `malloc_trim` never trims the top of a thread's arena: a finished reindex thread's arena can
-    stay ~30 MB resident, a step in RSS that chaos scenario 15 (the soak) reads as growth.
+    stay ~30 MB resident, a step in RSS that the chaos suite's soak reads as growth.
     Fixed values switch that rule off."""
     libc = _glibc()
     if libc is None:

@@ -2,8 +2,8 @@
 
 The event loop answers what must stay fast under any load: 429 refusals, /livez, /readyz. On two
 cores the encoder's threads and the search threads can keep both cores busy, and at equal priority
-the loop waits its turn behind them, and chaos scenario 6's refusals miss their 50 ms p99 bar
-(docs/experiments.md). At a lower priority (a higher Linux nice, per
+the loop waits its turn behind them, and the refusals of the chaos suite's flood of the in-flight
+limit miss their 50 ms p99 bar (docs/experiments.md). At a lower priority (a higher Linux nice, per
 thread) the scheduler runs the loop as soon as it wakes, and the heavy threads still take every
 cycle the loop leaves. A reindex runs lower still, so live requests keep most of the machine.
 
@@ -26,9 +26,9 @@ from typing import TypeVar
 T = TypeVar("T")
 
 # The encoder and search threads: the loop gets ~9/10 of a core it contends for with one of them
-# (weights 1024:110); at 5 levels (1024:335) it gets about 3/4, and chaos scenario 6's refusals p99
-# reads higher (docs/experiments.md). The loop's own work is bounded (it parses, refuses and
-# hands off), so the heavy threads lose only what a flood makes the loop spend.
+# (weights 1024:110); at 5 levels (1024:335) it gets about 3/4, and the in-flight-limit flood's
+# refusals p99 reads higher (docs/experiments.md). The loop's own work is bounded (it parses,
+# refuses and hands off), so the heavy threads lose only what a flood makes the loop spend.
 SERVING = 10
 BACKGROUND = 19  # a reindex: ~7:1 behind the serving threads (weights 110:15)
 MAX_NICE = 19

@@ -50,7 +50,7 @@ def test_the_script_target_trains_the_shipped_minilm_rows_settings() -> None:
     recorded = training["config"]
     defaults = asdict(ScriptConfig())
     assert {k: defaults[k] for k in recorded} == recorded
-    # Added since the rows trained: off, as they trained (docs/experiments.md, run 6), and the total
-    # the release's budget probe set, which a rebuild replays rather than times.
+    # Added since the rows trained: off, as they trained (docs/experiments.md, "Translations as
+    # targets"), and the total the release's budget probe set, which a rebuild replays rather than times.
     added = {k: v for k, v in defaults.items() if k not in recorded}
     assert added == {"translation_targets": False, "probed_total": training["training"]["steps"]}
