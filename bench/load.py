@@ -27,7 +27,7 @@ Three modes (`--modes`):
   answers it got, the newest 10) with every request.
 
 A bundle with a combiner serves per turn; it is also run served the joined way
-(CHITCHAT_JOINED_CONTEXT=1, "project-joined") in the same sitting, so the two ways compare on one
+(CHITCHAT_JOINED_CONTEXT=1, "project-joined") in the same run, so the two ways compare on one
 CPU. The naive services take cold and stateless requests (they encode the joined window each time).
 """
 
