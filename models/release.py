@@ -181,7 +181,7 @@ GATES = (
     Gate(
         "reactions_fit",
         "no reaction contradicts our labelled utterances (each language); value: the lowest share that fits",
-        _candidate_rows("reactions-labelled-", lambda r: r["contradicts"] == 0, "fits"),
+        _candidate_rows("reactions-labelled-", lambda r: r["wrong"] == 0, "fits"),
     ),
     Gate("no_echo", "no served answer is a near copy of a context turn (chitchat test)", _no_echo),
     Gate("reaction_share", "about 10% of validation turns go to reactions", _reaction_share),

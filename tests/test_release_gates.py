@@ -34,7 +34,7 @@ def halves(b: float) -> dict[str, Any]:
 
 def evidence(
     topical: float = 0.16,
-    contradicts: int = 0,
+    wrong: int = 0,
     share: float = 0.1,
     korsts: float = 79.0,
     chatterbot: bool = False,
@@ -51,8 +51,8 @@ def evidence(
             row("student", "sts15_headlines", **ours, spearman=82.0),
             row("student", "sts15_images", **ours, spearman=90.9),
             row("student", "korsts_dev", **ours, spearman=korsts),
-            row("student", "reactions-labelled-en", **ours, fits=0.4, contradicts=contradicts),
-            row("student", "reactions-labelled-ko", **ours, fits=0.92, contradicts=0),
+            row("student", "reactions-labelled-en", **ours, fits=0.4, wrong=wrong),
+            row("student", "reactions-labelled-ko", **ours, fits=0.92, wrong=0),
         ]
     )
 
@@ -80,7 +80,7 @@ def test_a_bundle_that_saw_chatterbot_is_refused() -> None:
 
 
 def test_reaction_gates_hold_in_every_language() -> None:
-    assert not results(candidate(), evidence(contradicts=1))["reactions_fit"]["passed"]
+    assert not results(candidate(), evidence(wrong=1))["reactions_fit"]["passed"]
     assert results(candidate(), evidence())["reactions_fit"]["value"] == 0.4  # the lowest share that fits, reported
     assert not results(candidate(), evidence(share=0.16))["ood_reaction_share"]["passed"]
 
