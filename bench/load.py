@@ -134,6 +134,7 @@ def wrk(port: int, clients: int, duration: int, bodies: Path, tag: str, mode: st
         "p99_ms": round(figures["p99_us"] / 1000, 2),
         "max_ms": round(figures["max_us"] / 1000, 2),
         "errors": figures["errors"],
+        "non_2xx": figures["non_2xx"],  # of the errors, answers other than 2xx (the rest: socket errors, timeouts)
         "requests": figures["requests"],
     }
 
