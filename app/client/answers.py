@@ -1,0 +1,231 @@
+"""The service's answers, one pydantic model each: defined once, for both sides.
+
+The server declares them as its routes' response models, so that the OpenAPI schema publishes each answer's
+shape; the client parses with them (app/client/models.py, under its own names). They live in the client because
+the client imports nothing from the server: pydantic and the standard library only.
+
+Parsed leniently, published as the server answers:
+
+- Unknown fields are kept, not rejected: the server may add fields (a job's ``skipped``, say) before this client
+  knows them, and they stay reachable through ``model_extra`` and in ``model_dump()``.
+- Values the server may extend (a reply's source, a job's state or stage) parse as plain strings for the same
+  reason; where the server publishes a fixed set of them, the schema lists it.
+- A field an older server may not send has a default; the published schema still lists as required each field
+  this server always sends, and leaves out those a route may omit (`_omittable`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+
+__all__ = [
+    "Candidate",
+    "Health",
+    "IndexInfo",
+    "Info",
+    "Job",
+    "JobList",
+    "Readiness",
+    "ReplyResponse",
+    "RollbackResult",
+    "SetInfo",
+    "SetList",
+    "SimilarQuery",
+    "SimilarResponse",
+    "UploadAccepted",
+]
+
+# Every other state is final; a state added later ends a wait instead of hanging it.
+ACTIVE_STATES = frozenset({"queued", "running"})
+# The server's own sets of values (core.retriever.Strategy, app.engine.kv.Status), which the client cannot
+# import; tests/test_response_models.py holds them equal.
+STRATEGIES = ("query_similarity", "reply_matching", "reaction")
+REDIS_STATES = ("up", "down", "disabled")
+
+StrategyName = Annotated[str, WithJsonSchema({"type": "string", "enum": list(STRATEGIES)})]
+RedisState = Annotated[str, WithJsonSchema({"type": "string", "enum": list(REDIS_STATES)})]
+
+
+def _omittable(*names: str) -> Callable[[dict[str, Any]], None]:
+    """For `json_schema_extra`: fields a route leaves out of its answer (when null, or unknown), and so not
+    required in the published schema."""
+
+    def edit(schema: dict[str, Any]) -> None:
+        required = [name for name in schema.get("required", []) if name not in names]
+        if required:
+            schema["required"] = required
+        else:
+            schema.pop("required", None)
+
+    return edit
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        extra="allow",
+        populate_by_name=True,
+        # What the server answers: a field with a default is still always sent, unless `_omittable` says not.
+        json_schema_serialization_defaults_required=True,
+    )
+
+
+# --- /reply, /similar ---------------------------------------------------------------------------------------
+
+
+class Candidate(_Model):
+    id: str
+    text: str
+    score: float
+    source: StrategyName
+
+
+class ReplyResponse(_Model):
+    # Left out when null: `confidence` when reply matching did not run or the model has no confidence head,
+    # `session_id` for a reply to a whole context.
+    model_config = ConfigDict(json_schema_extra=_omittable("confidence", "session_id"))
+
+    reply: str
+    id: str
+    source: StrategyName  # the strategy that answered
+    score: float
+    reranked: bool  # whether the poly head reordered the reply-matching candidates
+    # Probability that reply matching's top reply is acceptable, when it ran and the model has a confidence
+    # model; below the reaction threshold a reaction answers instead.
+    confidence: float | None = None
+    candidates: list[Candidate] = Field(default_factory=list)
+    index_version: str
+    set: str = "default"  # the candidate set it was answered from, at `index_version`
+    session_id: str | None = None
+
+
+class SimilarQuery(_Model):
+    query: str
+    reply: str
+    score: float
+
+
+class SimilarResponse(_Model):
+    """`matches` for a text query, `scores` (one per pair, in order) for pairs; the other is left out."""
+
+    model_config = ConfigDict(json_schema_extra=_omittable("matches", "scores", "index_version"))
+
+    matches: list[SimilarQuery] | None = None
+    scores: list[float] | None = None  # one cosine per input pair, in order
+    index_version: str | None = None  # left out: pairs scored by a set that serves no version yet
+    set: str = "default"
+
+
+# --- /healthz, /readyz, /info -------------------------------------------------------------------------------
+
+
+class Health(_Model):
+    status: Annotated[str, WithJsonSchema({"type": "string", "const": "ok"})]
+
+
+class Readiness(_Model):
+    ready: bool
+    bundle: str | None = None
+    index_version: str | None = None  # the default set's
+    sets: dict[str, str | None] = Field(default_factory=dict)  # each set's index version, None while it has none
+    # Parsed when absent or null, published as what this server always sends.
+    redis: Annotated[str | None, WithJsonSchema({"type": "string", "enum": list(REDIS_STATES)})] = None
+    problem: str | None = None  # why not ready: loading, draining, or what failed to load
+
+
+class Info(_Model):
+    model: dict[str, Any]
+    index: dict[str, Any]
+    redis: RedisState
+    # While the default set serves a first slice (`make run` on a fresh clone): the full build behind
+    # it, its replies indexed of the total and the seconds left at the current rate. Null otherwise.
+    first_build: dict[str, Any] | None = None
+
+
+# --- /admin -------------------------------------------------------------------------------------------------
+
+
+class UploadAccepted(_Model):
+    """The 202 an upload gets: the reindex job was queued."""
+
+    job_id: str
+    set: str = "default"  # the candidate set the upload goes to
+    state: str
+    mode: str
+    records: int  # the records that go ahead
+    skipped: int = 0  # invalid records dropped (on_invalid="skip"); the job's report names them
+    status: str  # the job's path: /admin/jobs/<job_id>, or /admin/sets/<set>/jobs/<job_id>
+
+
+class Job(_Model):
+    id: str
+    mode: str
+    state: str  # queued, running, succeeded, failed
+    stage: str = "queued"  # queued, load, encode, index, validate, commit, swap, done
+    progress: float = 0.0  # of the current stage, 0..1
+    counts: dict[str, int] = Field(default_factory=dict)
+    # {"skipped": n, "skipped_records": [{line, field, reason}, ...], "duplicates": {rule name: {records,
+    # lines, rule}}}: what the upload dropped and which duplicates were resolved, and how.
+    report: dict[str, Any] = Field(default_factory=dict)
+    version: str | None = None  # the index version it built
+    previous_version: str | None = None  # what served before it
+    error: str | None = None
+    created_at: float | None = None  # Unix seconds
+    updated_at: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.state not in ACTIVE_STATES
+
+    @property
+    def succeeded(self) -> bool:
+        return self.state == "succeeded"
+
+
+class JobList(_Model):
+    """GET /admin/jobs: the most recent jobs, newest first."""
+
+    jobs: list[Job] = Field(default_factory=list)
+
+
+class IndexInfo(_Model):
+    set: str = "default"
+    current: str
+    previous: str | None = None
+    versions: list[str] = Field(default_factory=list)  # oldest first
+    replies: int
+    queries: int
+    source: str
+    model_checksum: str
+    stored_candidates: int
+
+
+class RollbackResult(_Model):
+    """The version that served before (`from` in JSON) and the one that serves now."""
+
+    set: str = "default"
+    from_version: str = Field(alias="from")
+    to_version: str = Field(alias="to")
+    # "publish" and "prune", each "done" or "failed: ...": the rollback serves either way.
+    after_swap: dict[str, str] = Field(default_factory=dict)
+
+
+class SetInfo(_Model):
+    """One candidate set, as GET /admin/sets lists it; counts absent while it has no index version."""
+
+    name: str
+    ready: bool
+    version: str | None = None
+    replies: int | None = None
+    queries: int | None = None
+    reactions: int | None = None
+    tags: int | None = None  # distinct tags on its replies
+    index_bytes: int | None = None  # its FAISS indexes, held in each replica's memory
+    problem: str | None = None
+
+
+class SetList(_Model):
+    sets: list[SetInfo] = Field(default_factory=list)
+    limits: dict[str, int] = Field(default_factory=dict)  # max_sets, max_total_candidates
