@@ -12,6 +12,8 @@ Parsed leniently, published as the server answers:
   reason; where the server publishes a fixed set of them, the schema lists it.
 - A field an older server may not send has a default; the published schema still lists as required each field
   this server always sends, and leaves out those a route may omit (`_omittable`).
+- A part the client has always handed out as a plain dict (`Info.model`) stays one; the schema publishes the
+  shape of its known keys (`_shaped`), more keys allowed.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, GetPydanticSchema, WithJsonSchema
 
 __all__ = [
     "Candidate",
@@ -61,6 +63,13 @@ def _omittable(*names: str) -> Callable[[dict[str, Any]], None]:
             schema.pop("required", None)
 
     return edit
+
+
+def _shaped(model: type[BaseModel]) -> GetPydanticSchema:
+    """For a `dict[str, Any]` field: published with `model`'s shape, parsed as a plain dict and not held to
+    it, so that `info.model["name"]` keeps working and an older server's fewer keys still parse.
+    tests/test_response_models.py holds the server's answers to the shape."""
+    return GetPydanticSchema(get_pydantic_json_schema=lambda _schema, handler: handler(model.__pydantic_core_schema__))
 
 
 class _Model(BaseModel):
@@ -135,13 +144,129 @@ class Readiness(_Model):
     problem: str | None = None  # why not ready: loading, draining, or what failed to load
 
 
+class ContextWay(_Model):
+    """How a conversation becomes its context vector on this server (core/context.py)."""
+
+    model_config = ConfigDict(json_schema_extra=_omittable("why", "bot_turns_read_as"))
+
+    way: str  # "joined" or "per_turn"
+    turns: int
+    why: str | None = None  # joined: why not per turn
+    bot_turns_read_as: str | None = None  # per turn: "reply" or "context"
+
+
+class PolyHead(_Model):
+    codes: int
+    weight: float
+
+
+class Reactions(_Model):
+    labels: list[str]
+    language: str
+    translations: dict[str, list[str]]
+
+
+class ReactionModel(_Model):
+    name: str
+    checksum: str
+    reads: str
+
+
+class ReactionSetInfo(_Model):
+    source: str  # "model" or "upload"
+    language: str
+    count: int
+
+
+class ConfidenceHead(_Model):
+    features: list[str]
+    validation_auroc: float
+
+
+class Thresholds(_Model):
+    query_similarity: float
+    reply_matching: float
+
+
+class ReactionShare(_Model):
+    share: float
+    of: str
+    threshold_now: float
+    starting_threshold: float
+    warmup_turns: int
+    validation_threshold: float
+
+
+class ModelInfo(_Model):
+    """`/info`'s `model`: the bundle, and what this server applies of it."""
+
+    encoder: str  # what a set names it by
+    name: str
+    model_id: str
+    kind: str
+    checksum: str
+    dim: int
+    layers: int
+    quantization: str
+    encoder_sessions: dict[str, Any] | None
+    max_context_turns: int
+    context: ContextWay
+    poly: PolyHead | None
+    rerank_by_default: bool  # whether a request that does not say is reranked
+    language: str
+    languages: list[str]
+    reactions: Reactions | None
+    reaction_model: ReactionModel | None
+    reaction_sets: list[ReactionSetInfo]
+    reaction_fallback: str
+    confidence: ConfidenceHead | None
+    thresholds: Thresholds  # what this server applies
+    thresholds_from: str
+    reaction_share: ReactionShare | None
+    calibration: dict[str, Any]
+    eval: dict[str, Any]
+    release: dict[str, Any] | None
+    training: dict[str, Any] | None
+
+
+class AnnInfo(_Model):
+    kind: str
+    ef_search: int
+    recall_at_10: float
+    nprobe: int
+
+
+class IndexVersionInfo(_Model):
+    """`/info`'s `index`: the set's served index version."""
+
+    set: str
+    version: str
+    replies: int
+    queries: int
+    source: str
+    created_at: str
+    ann: dict[str, AnnInfo]  # "replies", "queries"
+    profile: dict[str, float]
+    versions: list[str]  # every version in the store
+
+
+class FirstBuild(_Model):
+    model_config = ConfigDict(json_schema_extra=_omittable("error"))
+
+    state: str  # pending, building, done, failed, dropped
+    job_id: str | None
+    replies_indexed_of_total: list[int]  # [indexed, total]
+    seconds_left: int | None
+    error: str | None = None
+
+
 class Info(_Model):
-    model: dict[str, Any]
-    index: dict[str, Any]
+    model: Annotated[dict[str, Any], _shaped(ModelInfo)]
+    index: Annotated[dict[str, Any], _shaped(IndexVersionInfo)]
     redis: RedisState
     # While the default set serves a first slice (`make run` on a fresh clone): the full build behind
     # it, its replies indexed of the total and the seconds left at the current rate. Null otherwise.
-    first_build: dict[str, Any] | None = None
+    first_build: Annotated[dict[str, Any], _shaped(FirstBuild)] | None = None
 
 
 # --- /admin -------------------------------------------------------------------------------------------------
