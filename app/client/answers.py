@@ -12,8 +12,8 @@ Parsed leniently, published as the server answers:
   reason; where the server publishes a fixed set of them, the schema lists it.
 - A field an older server may not send has a default; the published schema still lists as required each field
   this server always sends, and leaves out those a route may omit (`_omittable`).
-- A part the client has always handed out as a plain dict (`Info.model`) stays one; the schema publishes the
-  shape of its known keys (`_shaped`), more keys allowed.
+- A part the client has always handed out as a plain dict (`Info.model`, `Job.report`) stays one; the schema
+  publishes the shape of its known keys (`_shaped`), more keys allowed.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, GetPydanticSchema, WithJsonSc
 
 __all__ = [
     "Candidate",
+    "Encoders",
     "Health",
     "IndexInfo",
     "Info",
@@ -33,6 +34,7 @@ __all__ = [
     "Readiness",
     "ReplyResponse",
     "RollbackResult",
+    "SetDeleted",
     "SetInfo",
     "SetList",
     "SimilarQuery",
@@ -72,6 +74,7 @@ def _shaped(model: type[BaseModel]) -> GetPydanticSchema:
     return GetPydanticSchema(get_pydantic_json_schema=lambda _schema, handler: handler(model.__pydantic_core_schema__))
 
 
+# Fields are declared in the order the server sends them: the server writes an answer in its model's order.
 class _Model(BaseModel):
     model_config = ConfigDict(
         extra="allow",
@@ -284,6 +287,33 @@ class UploadAccepted(_Model):
     status: str  # the job's path: /admin/jobs/<job_id>, or /admin/sets/<set>/jobs/<job_id>
 
 
+class SkippedRecord(_Model):
+    line: int
+    field: str
+    reason: str
+
+
+class Duplicates(_Model):
+    records: int
+    lines: list[int]  # the first few
+    rule: str
+
+
+class JobReport(_Model):
+    """A job's `report`: what the upload dropped, which duplicates were resolved and how, and what the
+    steps after the swap did; each part once the job has it."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_omittable("skipped", "skipped_records", "encoder", "duplicates", "after_swap")
+    )
+
+    skipped: int = 0
+    skipped_records: list[SkippedRecord] = Field(default_factory=list)
+    encoder: str | None = None
+    duplicates: dict[str, Duplicates] = Field(default_factory=dict)  # rule name -> what it found
+    after_swap: dict[str, str] = Field(default_factory=dict)  # step -> "done" or "failed: ..."
+
+
 class Job(_Model):
     id: str
     mode: str
@@ -291,14 +321,13 @@ class Job(_Model):
     stage: str = "queued"  # queued, load, encode, index, validate, commit, swap, done
     progress: float = 0.0  # of the current stage, 0..1
     counts: dict[str, int] = Field(default_factory=dict)
-    # {"skipped": n, "skipped_records": [{line, field, reason}, ...], "duplicates": {rule name: {records,
-    # lines, rule}}}: what the upload dropped and which duplicates were resolved, and how.
-    report: dict[str, Any] = Field(default_factory=dict)
+    report: Annotated[dict[str, Any], _shaped(JobReport)] = Field(default_factory=dict)
     version: str | None = None  # the index version it built
     previous_version: str | None = None  # what served before it
     error: str | None = None
     created_at: float | None = None  # Unix seconds
     updated_at: float | None = None
+    owner: str = ""  # "replica/boot" of the process that ran it
 
     @property
     def done(self) -> bool:
@@ -316,15 +345,18 @@ class JobList(_Model):
 
 
 class IndexInfo(_Model):
+    """A set's versions and counts; nothing current (`problem` says why) while it has no version yet."""
+
     set: str = "default"
-    current: str
-    previous: str | None = None
     versions: list[str] = Field(default_factory=list)  # oldest first
+    stored_candidates: int
+    current: str | None
+    previous: str | None = None
     replies: int
     queries: int
-    source: str
-    model_checksum: str
-    stored_candidates: int
+    source: str | None
+    model_checksum: str | None
+    problem: str | None = None  # why nothing is current
 
 
 class RollbackResult(_Model):
@@ -333,24 +365,45 @@ class RollbackResult(_Model):
     set: str = "default"
     from_version: str = Field(alias="from")
     to_version: str = Field(alias="to")
-    # "publish" and "prune", each "done" or "failed: ...": the rollback serves either way.
+    # "store", "publish" and "prune", each "done" or "failed: ...": the rollback serves either way.
     after_swap: dict[str, str] = Field(default_factory=dict)
 
 
 class SetInfo(_Model):
-    """One candidate set, as GET /admin/sets lists it; counts absent while it has no index version."""
+    """One candidate set, as GET /admin/sets lists it: `problem` while it has no index version, what it
+    serves otherwise."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_omittable(
+            "problem", "encoder", "replies", "queries", "reactions", "tags", "index_bytes", "created_at", "source"
+        )
+    )
 
     name: str
     ready: bool
+    problem: str | None = None  # sent only by a set with no index version, before its `version` (null)
+    encoder: str | None = None  # the shipped bundle it is encoded with
     version: str | None = None
     replies: int | None = None
     queries: int | None = None
     reactions: int | None = None
     tags: int | None = None  # distinct tags on its replies
     index_bytes: int | None = None  # its FAISS indexes, held in each replica's memory
-    problem: str | None = None
+    created_at: str | None = None  # of its version
+    source: str | None = None
+
+
+class Encoders(_Model):
+    default: str
+    available: list[str]  # the shipped bundles a set may name
+    loaded: list[str]  # those a set uses
 
 
 class SetList(_Model):
     sets: list[SetInfo] = Field(default_factory=list)
+    encoders: Encoders | None = None  # None from a server that predates a set's own encoder
     limits: dict[str, int] = Field(default_factory=dict)  # max_sets, max_total_candidates
+
+
+class SetDeleted(_Model):
+    deleted: str  # the set's name

@@ -11,6 +11,7 @@ from __future__ import annotations
 from app.client.answers import ACTIVE_STATES as ACTIVE_STATES  # kept importable from here, where it was
 from app.client.answers import (
     Candidate,
+    Encoders,
     Health,
     IndexInfo,
     Info,
@@ -28,6 +29,7 @@ from app.client.answers import (
 
 __all__ = [
     "Candidate",
+    "Encoders",
     "Health",
     "IndexInfo",
     "Info",
