@@ -1,10 +1,13 @@
-"""Request and response models. Every limit lives here, on the field."""
+"""Request models. Every limit lives here, on the field.
+
+The response models are in app/client/answers.py: the client parses with them too, and it imports nothing
+of the server's."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import Query
 from pydantic import (
@@ -66,7 +69,6 @@ def _visible_text(text: str) -> str:
     return text
 
 
-Source = Strategy  # which strategy answered
 Turn = Annotated[
     str,
     StringConstraints(min_length=1, max_length=MAX_TURN_CHARS),
@@ -264,29 +266,6 @@ class ReplyRequest(Options):
         return strategies
 
 
-class Candidate(BaseModel):
-    id: str
-    text: str
-    score: float
-    source: Source
-
-
-class ReplyResponse(BaseModel):
-    reply: str
-    id: str
-    source: Source
-    score: float
-    reranked: bool  # whether the poly head reordered the reply-matching candidates
-    # Probability that reply matching's top reply is acceptable, when it ran
-    # and the model has a confidence model; below the reaction threshold a
-    # reaction answers instead.
-    confidence: float | None = None
-    candidates: list[Candidate]
-    index_version: str
-    set: str  # the candidate set it was answered from, at `index_version`
-    session_id: str | None = None
-
-
 class SimilarRequest(Options):
     model_config = ConfigDict(
         extra="forbid",
@@ -305,38 +284,3 @@ class SimilarRequest(Options):
     )
     k: Count | None = Field(default=None, description="How many stored queries to return (with text).")
     set: SetName = Field(default=DEFAULT_SET, description="The candidate set whose stored queries to search.")
-
-
-class SimilarQuery(BaseModel):
-    query: str
-    reply: str
-    score: float
-
-
-class SimilarResponse(BaseModel):
-    matches: list[SimilarQuery] | None = None
-    scores: list[float] | None = None  # one cosine per input pair, in order
-    index_version: str | None = None  # None: pairs scored by a set that serves no version yet
-    set: str
-
-
-class Health(BaseModel):
-    status: Literal["ok"]
-
-
-class Readiness(BaseModel):
-    ready: bool
-    bundle: str | None
-    index_version: str | None  # the default set's
-    sets: dict[str, str | None] = {}  # each set's index version here, None while it has none
-    redis: Literal["up", "down", "disabled"]
-    problem: str | None = None  # why not ready: loading, draining, or what failed to load
-
-
-class Info(BaseModel):
-    model: dict[str, object]
-    index: dict[str, object]
-    redis: Literal["up", "down", "disabled"]
-    # While the default set serves a first slice (`make run` on a fresh clone): the full build behind
-    # it, its replies indexed of the total and the seconds left at the current rate. Absent otherwise.
-    first_build: dict[str, object] | None = None

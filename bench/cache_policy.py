@@ -10,7 +10,7 @@ to the next replica in turn. Each replica has the real `EmbeddingCache`, with
 the service's default local size; all share one store. Two policies:
 
 - every miss: each encoded vector is written to the shared store, and each
-  text missing in the process is looked up there (before);
+  text missing in the process is looked up there (before; `EveryMissCache`);
 - short, asked again: only texts of at most `SHARED_MAX_CHARS` characters go
   to the shared store, when their process is asked for them a second time,
   and only they are looked up there (`EmbeddingCache`, now).
@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from app.config import Settings
-from app.engine.cache import EmbeddingCache
+from app.engine.cache import LOCAL_ONLY, EmbeddingCache
 from app.engine.kv import Guarded, MemoryKV
 from bench import reports
 from index.corpus import load_conversations, split_of
@@ -41,6 +41,21 @@ from index.corpus import load_conversations, split_of
 ROOT = Path(__file__).resolve().parents[1]
 CONTEXT_TURNS = 3  # the release bundle's max_context_turns
 DIM = 4  # placeholder vectors: the policy depends on keys, not values
+
+
+class EveryMissCache(EmbeddingCache):
+    """The policy before `EmbeddingCache`'s: every key is shared, whatever its text's length, and
+    every vector goes to the shared store once encoded, not once asked for again."""
+
+    def key(self, model_checksum: str, kind: str, text: str, lowercase: bool | None = None) -> str:
+        # Without the local-only prefix, a miss is looked up in the shared store.
+        return super().key(model_checksum, kind, text, lowercase).removeprefix(LOCAL_ONLY)
+
+    async def put_many(self, items: dict[str, np.ndarray], share: bool = True) -> None:
+        for key, vector in items.items():
+            self._remember(key, vector)
+        if share:
+            self._share_in_background(items)  # nothing without a shared store
 
 
 def requests(limit: int) -> list[list[str]]:
@@ -59,9 +74,8 @@ def requests(limit: int) -> list[list[str]]:
 async def replay(texts_per_request: list[list[str]], replicas: int, every_miss: bool) -> dict[str, Any]:
     settings = Settings()
     store = Guarded(MemoryKV(), retry_after_s=1.0)
-    caches = [
-        EmbeddingCache(store, settings.cache_local_entries, 60, share_every_miss=every_miss) for _ in range(replicas)
-    ]
+    policy = EveryMissCache if every_miss else EmbeddingCache
+    caches = [policy(store, settings.cache_local_entries, 60) for _ in range(replicas)]
     asked = local_hits = shared_hits = encoded = 0
     vector = np.zeros(DIM, dtype=np.float32)
     for n, texts in enumerate(texts_per_request):

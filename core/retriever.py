@@ -98,9 +98,6 @@ class Serving:
             return None
         return language
 
-    def classifier_applies(self, script: str | None) -> bool:
-        return self.classifier_language(script) is not None
-
     def reactions_apply(self, script: str | None, rule: Filter | None = None) -> bool:
         """Whether some reaction set fits a conversation written in `script`: no English reaction in a
         Korean conversation."""

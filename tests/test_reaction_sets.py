@@ -84,10 +84,10 @@ async def test_a_multilingual_bundle_assumes_no_language_for_a_window_without_le
     assert korean.reaction_sets() == [ReactionSet("model", "en", 1), ReactionSet("upload", "ko", 2)]
     assert not korean.reactions_apply(script(["😭", "?!"]))
     hangul, latin = script(["시험 망했어", "😭"]), script(["i failed my exam", "😭"])
-    assert len(korean.uploaded_reactions(hangul)) == 2 and not korean.classifier_applies(script(["시험 망했어"]))
-    assert korean.classifier_applies(latin) and not len(korean.uploaded_reactions(script(["i failed"])))
+    assert len(korean.uploaded_reactions(hangul)) == 2 and korean.classifier_language(script(["시험 망했어"])) is None
+    assert korean.classifier_language(latin) is not None and not len(korean.uploaded_reactions(script(["i failed"])))
     # An English bundle reads a window without letters as English.
-    assert replace(korean, bundle=serving.bundle).classifier_applies(script(["😭"]))
+    assert replace(korean, bundle=serving.bundle).classifier_language(script(["😭"])) is not None
 
 
 async def test_info_lists_every_reaction_set_and_when_the_fallback_answers(korean_client: httpx.AsyncClient) -> None:

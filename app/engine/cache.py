@@ -52,12 +52,8 @@ class EmbeddingCache:
         ttl_s: int,
         lowercase: bool = False,
         local_bytes: int = 64 << 20,
-        share_every_miss: bool = False,
     ) -> None:
         self.store = store
-        # True: every encoded vector, whatever its length, goes to the shared store, and every
-        # miss is looked up there: the policy before this one, for `bench.cache_policy`.
-        self.share_every_miss = share_every_miss
         self.lowercase = lowercase  # for keys whose model is not named (`key`'s lowercase)
         self.local_entries = local_entries
         # Entries differ 16-fold in size (a context vector: 1.5 kB; its poly vectors, m = 16: 24 kB),
@@ -83,7 +79,7 @@ class EmbeddingCache:
         a LOCAL_ONLY key."""
         normalized = normalize(text, self.lowercase if lowercase is None else lowercase)
         digest = hashlib.blake2b(normalized.encode(), digest_size=16).hexdigest()
-        scope = "emb:" if len(normalized) <= SHARED_MAX_CHARS or self.share_every_miss else LOCAL_ONLY
+        scope = "emb:" if len(normalized) <= SHARED_MAX_CHARS else LOCAL_ONLY
         return f"{scope}{model_checksum[:16]}:{kind}:{digest}"
 
     async def get_many(self, keys: list[str], sizes: int | list[int], shared: bool = True) -> list[np.ndarray | None]:
@@ -125,7 +121,7 @@ class EmbeddingCache:
         for key, vector in items.items():
             if key.startswith(LOCAL_ONLY):
                 continue
-            if key in self._asked_once or self.share_every_miss:
+            if key in self._asked_once:
                 self._asked_once.pop(key, None)
                 again[key] = vector
             else:

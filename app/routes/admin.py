@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 from urllib.parse import parse_qs
 
 import anyio.to_thread
@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app import logs
 from app.auth import admin_refusal
+from app.client.answers import IndexInfo, Job, JobList, RollbackResult, SetDeleted, SetList, UploadAccepted
 from app.config import Settings
 from app.deps import RuntimeDep, ServiceDep, SettingsDep
 from app.engine import describe
@@ -76,7 +77,7 @@ class Submission:
     admin: Admin
     settings: Settings
 
-    async def submit(self, name: str, mode: Mode, on_invalid: OnInvalid, encoder: str | None = None) -> dict[str, Any]:
+    async def submit(self, name: str, mode: Mode, on_invalid: OnInvalid, encoder: str | None = None) -> UploadAccepted:
         return await _submit(self.request, self.admin, self.settings, name, mode, on_invalid, encoder)
 
 
@@ -93,7 +94,7 @@ async def upload(
     mode: Literal["append", "replace"] = "append",
     on_invalid: OnInvalid = "reject",
     encoder: EncoderQuery = None,
-) -> dict[str, Any]:
+) -> UploadAccepted:
     """Records {reply, query?, id?, metadata?, tags?, language?} as a JSON array, NDJSON or CSV, into
     the default set. Starts a reindex; poll the returned job. `on_invalid=skip` indexes the valid
     records and reports the rest. `encoder`: build with that shipped bundle (`GET /admin/sets` lists
@@ -102,7 +103,7 @@ async def upload(
 
 
 @router.post("/candidates/delete", status_code=202, openapi_extra={"requestBody": upload_body("delete")})
-async def delete(submission: SubmissionDep, on_invalid: OnInvalid = "reject") -> dict[str, Any]:
+async def delete(submission: SubmissionDep, on_invalid: OnInvalid = "reject") -> UploadAccepted:
     """Deletes candidates of the default set named by {id}, or by a whole record. Starts a reindex."""
     return await submission.submit(DEFAULT_SET, "delete", on_invalid)
 
@@ -114,7 +115,7 @@ async def upload_to_set(
     mode: Literal["append", "replace"] = "append",
     on_invalid: OnInvalid = "reject",
     encoder: EncoderQuery = None,
-) -> dict[str, Any]:
+) -> UploadAccepted:
     """As `POST /admin/candidates`, into set `name`; the first upload creates the set, with `encoder`
     (default: the default encoder)."""
     return await submission.submit(name, mode, on_invalid, encoder)
@@ -123,13 +124,13 @@ async def upload_to_set(
 @router.put("/sets/{name}/candidates", status_code=202, openapi_extra={"requestBody": upload_body("upsert")})
 async def replace_set(
     submission: SubmissionDep, name: SetNamePath, on_invalid: OnInvalid = "reject", encoder: EncoderQuery = None
-) -> dict[str, Any]:
+) -> UploadAccepted:
     """Set `name`'s candidates become exactly these (mode=replace); the first upload creates the set."""
     return await submission.submit(name, "replace", on_invalid, encoder)
 
 
 @router.put("/sets/{name}/encoder", status_code=202)
-async def set_encoder(admin: AdminDep, name: SetNamePath, encoder: RequiredEncoder) -> dict[str, Any]:
+async def set_encoder(admin: AdminDep, name: SetNamePath, encoder: RequiredEncoder) -> UploadAccepted:
     """Re-encodes every candidate of set `name` with another shipped encoder: a reindex job; the
     version before serves until the swap, and rolling back returns to it only through a new job."""
     _check_encoder(admin.runtime, encoder)
@@ -141,7 +142,7 @@ async def set_encoder(admin: AdminDep, name: SetNamePath, encoder: RequiredEncod
 @router.post("/sets/{name}/candidates/delete", status_code=202, openapi_extra={"requestBody": upload_body("delete")})
 async def delete_from_set(
     submission: SubmissionDep, name: SetNamePath, on_invalid: OnInvalid = "reject"
-) -> dict[str, Any]:
+) -> UploadAccepted:
     """As `POST /admin/candidates/delete`, in set `name`."""
     return await submission.submit(name, "delete", on_invalid)
 
@@ -214,16 +215,16 @@ class RefuseBeforeBody:
         await self.app(scope, receive, send)
 
 
-def _accepted(name: str, job_id: str, state: str, mode: str, records: int, skipped: int) -> dict[str, Any]:
-    return {
-        "job_id": job_id,
-        "set": name,
-        "state": state,
-        "mode": mode,
-        "records": records,
-        "skipped": skipped,
-        "status": f"/admin/jobs/{job_id}" if name == DEFAULT_SET else f"/admin/sets/{name}/jobs/{job_id}",
-    }
+def _accepted(name: str, job_id: str, state: str, mode: str, records: int, skipped: int) -> UploadAccepted:
+    return UploadAccepted(
+        job_id=job_id,
+        set=name,
+        state=state,
+        mode=mode,
+        records=records,
+        skipped=skipped,
+        status=f"/admin/jobs/{job_id}" if name == DEFAULT_SET else f"/admin/sets/{name}/jobs/{job_id}",
+    )
 
 
 async def _submit(
@@ -234,7 +235,7 @@ async def _submit(
     mode: Mode,
     on_invalid: OnInvalid,
     encoder: str | None = None,
-) -> dict[str, Any]:
+) -> UploadAccepted:
     # Asked before the body is read (`RefuseBeforeBody` asks it before the body reader does), and
     # again here: a job may have started since.
     await refuse_before_body(admin, name, mode == "delete", encoder)
@@ -251,57 +252,55 @@ async def _submit(
 
 
 @router.get("/jobs")
-async def jobs(admin: AdminDep, limit: Annotated[int, Query(ge=1, le=100)] = 20) -> dict[str, list[dict[str, Any]]]:
+async def jobs(admin: AdminDep, limit: Annotated[int, Query(ge=1, le=100)] = 20) -> JobList:
     """The default set's newest jobs first, each as `/admin/jobs/{job_id}` returns it."""
     return await _jobs(admin.default, limit)
 
 
 @router.get("/jobs/{job_id}")
-async def job(job_id: str, admin: AdminDep) -> dict[str, Any]:
+async def job(job_id: str, admin: AdminDep) -> Job:
     """A job of any set."""
     await anyio.to_thread.run_sync(admin.sweep)
     found = await anyio.to_thread.run_sync(admin.find_job, job_id)
     if found is None:
         raise ApiError(ErrorKind.not_found, f"no job {job_id!r}", "job_id")
-    return asdict(found)
+    return Job.model_validate(asdict(found))
 
 
 @router.get("/sets/{name}/jobs")
-async def set_jobs(
-    admin: AdminDep, name: SetNamePath, limit: Annotated[int, Query(ge=1, le=100)] = 20
-) -> dict[str, list[dict[str, Any]]]:
+async def set_jobs(admin: AdminDep, name: SetNamePath, limit: Annotated[int, Query(ge=1, le=100)] = 20) -> JobList:
     """Set `name`'s newest jobs first."""
     return await _jobs(await anyio.to_thread.run_sync(admin.of, name), limit)
 
 
 @router.get("/sets/{name}/jobs/{job_id}")
-async def set_job(admin: AdminDep, name: SetNamePath, job_id: str) -> dict[str, Any]:
+async def set_job(admin: AdminDep, name: SetNamePath, job_id: str) -> Job:
     target = await anyio.to_thread.run_sync(admin.of, name)
     await anyio.to_thread.run_sync(target.sweep)
     found = await anyio.to_thread.run_sync(target.jobs.get, job_id)
     if found is None:
         raise ApiError(ErrorKind.not_found, f"no job {job_id!r} in set {name!r}", "job_id")
-    return asdict(found)
+    return Job.model_validate(asdict(found))
 
 
-async def _jobs(target: SetAdmin, limit: int) -> dict[str, list[dict[str, Any]]]:
+async def _jobs(target: SetAdmin, limit: int) -> JobList:
     await anyio.to_thread.run_sync(target.sweep)
     found = await anyio.to_thread.run_sync(target.jobs.recent, limit)
-    return {"jobs": [asdict(j) for j in found]}
+    return JobList(jobs=[Job.model_validate(asdict(j)) for j in found])
 
 
 @router.get("/index")
-async def index(admin: AdminDep, runtime: RuntimeDep) -> dict[str, Any]:
+async def index(admin: AdminDep, runtime: RuntimeDep) -> IndexInfo:
     """The default set's versions and counts."""
     return await _index(admin.default, runtime)
 
 
 @router.get("/sets/{name}/index")
-async def set_index(admin: AdminDep, runtime: RuntimeDep, name: SetNamePath) -> dict[str, Any]:
+async def set_index(admin: AdminDep, runtime: RuntimeDep, name: SetNamePath) -> IndexInfo:
     return await _index(await anyio.to_thread.run_sync(admin.of, name), runtime)
 
 
-async def _index(target: SetAdmin, runtime: Runtime) -> dict[str, Any]:
+async def _index(target: SetAdmin, runtime: Runtime) -> IndexInfo:
     runtime.current_model()  # the service itself still loading: 503, as on every route
     store = target.candidate_set.store
     serving = target.candidate_set.serving
@@ -313,66 +312,79 @@ async def _index(target: SetAdmin, runtime: Runtime) -> dict[str, Any]:
     if serving is None:
         # A set whose first version is not built yet, or failed to build: nothing is current, which
         # is this route's answer, not an outage (a 503 here read as the service being down).
-        return {
-            **counts,
-            "current": None,
-            "previous": None,
-            "replies": 0,
-            "queries": 0,
-            "source": None,
-            "model_checksum": None,
-            "problem": target.candidate_set.problem,
-        }
+        return IndexInfo.model_validate(
+            {
+                **counts,
+                "current": None,
+                "previous": None,
+                "replies": 0,
+                "queries": 0,
+                "source": None,
+                "model_checksum": None,
+                "problem": target.candidate_set.problem,
+            }
+        )
     manifest = serving.index.manifest
-    return {
-        **counts,
-        "current": manifest.version,
-        "previous": previous_version(store, serving.bundle.checksum, manifest.version),
-        "replies": manifest.replies,
-        "queries": manifest.queries,
-        "source": manifest.source,
-        "model_checksum": manifest.bundle_checksum,
-        "problem": None,
-    }
+    return IndexInfo.model_validate(
+        {
+            **counts,
+            "current": manifest.version,
+            "previous": previous_version(store, serving.bundle.checksum, manifest.version),
+            "replies": manifest.replies,
+            "queries": manifest.queries,
+            "source": manifest.source,
+            "model_checksum": manifest.bundle_checksum,
+            "problem": None,
+        }
+    )
 
 
 @router.post("/rollback")
-async def rollback(admin: AdminDep) -> dict[str, Any]:
+async def rollback(admin: AdminDep) -> RollbackResult:
     """Serve the default set's version before the current one (this model's), on every replica.
     `after_swap` says whether the other replicas were told at once (they follow the pointer anyway)."""
     return await _rollback(admin.default)
 
 
 @router.post("/sets/{name}/rollback")
-async def set_rollback(admin: AdminDep, name: SetNamePath) -> dict[str, Any]:
+async def set_rollback(admin: AdminDep, name: SetNamePath) -> RollbackResult:
     """As `POST /admin/rollback`, for set `name`."""
     return await _rollback(await anyio.to_thread.run_sync(admin.of, name))
 
 
-async def _rollback(target: SetAdmin) -> dict[str, Any]:
+async def _rollback(target: SetAdmin) -> RollbackResult:
     try:
         before, after, steps = await anyio.to_thread.run_sync(roll_back, target.reindexer)
     except LookupError as error:
         raise ApiError(ErrorKind.conflict, str(error), "set") from error
-    return {"set": target.candidate_set.name, "from": before, "to": after, "after_swap": steps}
+    # By the JSON names: `from` is a Python keyword.
+    return RollbackResult.model_validate(
+        {"set": target.candidate_set.name, "from": before, "to": after, "after_swap": steps}
+    )
 
 
-@router.get("/sets")
-async def sets(admin: AdminDep, runtime: RuntimeDep) -> dict[str, Any]:
+# Unset, not null: a set with no index version yet is listed without the counts it does not have.
+@router.get("/sets", response_model_exclude_unset=True)
+async def sets(admin: AdminDep, runtime: RuntimeDep) -> SetList:
     """Every set: its version, counts and index size, and the service's limits on sets."""
-    return {
-        "sets": [describe.set_info(s) for s in runtime.sets.values()],
-        "encoders": describe.encoders(runtime),
-        "limits": {"max_sets": admin.settings.max_sets, "max_total_candidates": admin.settings.max_total_candidates},
-    }
+    return SetList.model_validate(
+        {
+            "sets": [describe.set_info(s) for s in runtime.sets.values()],
+            "encoders": describe.encoders(runtime),
+            "limits": {
+                "max_sets": admin.settings.max_sets,
+                "max_total_candidates": admin.settings.max_total_candidates,
+            },
+        }
+    )
 
 
 @router.delete("/sets/{name}")
-async def delete_set(admin: AdminDep, name: SetNamePath) -> dict[str, Any]:
+async def delete_set(admin: AdminDep, name: SetNamePath) -> SetDeleted:
     """Removes set `name` on every replica: its candidates, index versions and jobs' lock.
     409 while one of its jobs runs; the default set cannot be deleted."""
     try:
         await anyio.to_thread.run_sync(admin.delete, name)
     except ValueError as error:
         raise ApiError(ErrorKind.conflict, str(error), "name") from error
-    return {"deleted": name}
+    return SetDeleted(deleted=name)

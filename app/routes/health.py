@@ -6,11 +6,12 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
+from app.client.answers import Health, Info, Readiness
 from app.deps import RuntimeDep, ServiceDep
 from app.engine import describe
 from app.engine.sets import DEFAULT_SET
 from app.errors import ErrorKind, responses
-from app.schemas import Health, Info, Readiness, SetQuery
+from app.schemas import SetQuery
 
 router = APIRouter(tags=["health"])
 

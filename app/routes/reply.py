@@ -3,10 +3,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from app import logs
+from app.client.answers import Candidate, ReplyResponse
 from app.deps import MetricsDep, RuntimeDep
 from app.engine import pipeline
 from app.errors import COMMON, ApiError, ErrorKind, responses
-from app.schemas import Candidate, ReplyRequest, ReplyResponse
+from app.schemas import ReplyRequest
 from core.retriever import STRATEGY_ORDER, Scored
 
 # request_timeout: the body did not arrive within its deadline (app/limits.py).

@@ -3,10 +3,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from app import logs
+from app.client.answers import SimilarQuery, SimilarResponse
 from app.deps import RuntimeDep
 from app.engine import pipeline
 from app.errors import COMMON, ApiError, ErrorKind, responses
-from app.schemas import SimilarQuery, SimilarRequest, SimilarResponse
+from app.schemas import SimilarRequest
 
 router = APIRouter(tags=["similarity"], responses=responses(*COMMON, ErrorKind.request_timeout, ErrorKind.not_found))
 
