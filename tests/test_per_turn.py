@@ -145,6 +145,12 @@ async def test_a_kept_vector_of_another_bundle_is_made_again(
     clean_redis.rpush("session:s-old", *stale)
     clean_redis.set("writes:session:s-old", 1)
     assert await play(runtime, "s-old", ["good night"]) == [3]  # all three turns of the window
+    torn = TurnVector(unit(np.ones(7, np.float32)), space_of(runtime.current().bundle.checksum, "context"))
+    clean_redis.rpush(
+        "session:s-torn", encode(SessionTurn("user", "where are you from?", torn)), encode(SessionTurn("bot", "no way"))
+    )
+    clean_redis.set("writes:session:s-torn", 1)
+    assert await play(runtime, "s-torn", ["are you a student?"]) == [3]  # its space, not its size: encoded again
     fresh = runtime_on(per_turn_artifacts)
     same = await pipeline.reply(fresh, ["do you like dogs?", "lol", "good night"], ReplyOptions(3, MATCHING), set())
     history = await runtime.sessions.history("s-old")

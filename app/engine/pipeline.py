@@ -240,7 +240,7 @@ def _kept_vectors(
         at = first + i
         if at < len(history) and history[at].text == turns[at]:
             vector = history[at].vector_in(space_of(serving.bundle.checksum, side))
-            if vector is not None:
+            if vector is not None and vector.shape == (serving.encoder.dim,):  # a torn record is encoded again
                 kept[i] = vector
     return kept
 
