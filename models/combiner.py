@@ -391,6 +391,10 @@ def main() -> None:
     if args.check:
         sys.exit(check(args.check, args.release))
     started = time.perf_counter()
+    machine = hardware("cpu")
+    # fp32 throughout: the combiner is 150k weights, a pass over its cached vectors takes seconds, and
+    # the cache is made by the int8 bundle the service runs, not by torch.
+    print(f"[combiner] on {machine['cpu']} ({machine['cores']} cores, VNNI {machine['vnni']}), fp32", flush=True)
     encoder, texts, row, table, pairs, devs = load(args.bundle)
     keys = [normalize(t) for t in texts]
     print(
