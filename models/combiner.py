@@ -78,9 +78,6 @@ class CombinerConfig:
     # (on the cached vectors, 1e-3 lost 0.01 on Topical-Chat half A where 1e-4 kept it).
     head_lr: float = 1e-4
     scale: float = 50.0  # the logits' starting scale, learned
-    # Each Korean pair is seen this many times an epoch: they are 9% of the pairs, and the head maps
-    # a one-turn Korean context (all of ChatbotData) as it maps the English ones it mostly learns from.
-    korean_repeat: int = 1
     seed: int = 0
 
 
@@ -244,10 +241,8 @@ def train(config: CombinerConfig, table: Table, pairs: Pairs, keys: list[str]) -
     key_ids = np.array([id_of.setdefault(k, len(id_of)) for k in keys], dtype=np.int64)[pairs.replies]  # [P]
     rng = np.random.default_rng(config.seed)
     losses, started = [], time.perf_counter()
-    korean = np.flatnonzero([source in ("persona-ko", "ko") for source in pairs.sources])  # [K]
-    pool = np.concatenate([np.arange(len(rows)), *[korean] * (config.korean_repeat - 1)])  # [P + (r - 1) K]
     for _ in range(config.epochs):
-        order = rng.permutation(len(rows)) if config.korean_repeat == 1 else rng.permutation(pool)
+        order = rng.permutation(len(rows))
         for start in range(0, len(order) - config.batch_size + 1, config.batch_size):
             batch = order[start : start + config.batch_size]
             vectors, lengths, present = table.contexts(rows[batch], sides)
@@ -366,8 +361,6 @@ SWEEP = [
     {"turns": 8, "head_lr": 3e-4},
     {"turns": 8, "other_side": "context"},
     {"turns": 8},
-    {"turns": 8, "epochs": 8, "korean_repeat": 3},
-    {"turns": 8, "epochs": 8, "korean_repeat": 6},
     {"turns": 8, "epochs": 8},
 ]
 
