@@ -415,7 +415,7 @@ def main() -> None:
     total = round(time.perf_counter() - started, 1)
     print(f"[combiner] {total} s in all, the vector cache included", flush=True)
     if args.out:
-        write_bundle(args.bundle, args.out, combiner, configs[-1], results[-1], total, encoder)
+        write_bundle(args.bundle, args.out, combiner, configs[-1], results[-1], total)
 
 
 def write_bundle(
@@ -425,7 +425,6 @@ def write_bundle(
     config: CombinerConfig,
     result: dict[str, Any],
     seconds: float,
-    encoder: Encoder,
 ) -> None:
     """`source`'s files with the combiner beside them; the joined way's calibration kept under `joined`."""
     manifest = open_bundle(source)
