@@ -73,7 +73,7 @@ serve:  ## run the service on what is built
 		--timeout-graceful-shutdown 20
 
 # A fresh clone serves a first slice of the candidates within a minute; the service builds the rest
-# behind it and swaps it in (index/first_slice.py, app/first_build.py). A later start finds it built.
+# behind it and swaps it in (index/first_slice.py, app/reindex/first_build.py). A later start finds it built.
 first-slice: install
 	$(PY) -m index --if-missing --first-slice
 

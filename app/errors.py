@@ -22,11 +22,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from app.engine.batcher import Closed, Overloaded
 from app.engine.kv import RedisBusy
 from app.engine.pipeline import NoCandidates, Unsupported
-from app.engine.reindex import Busy
 from app.engine.runtime import UnknownEncoder
-from app.engine.set_admin import SetLimit
 from app.engine.sets import BadSetName, NoSuchSet, NotReady
-from app.uploads import UploadError
+from app.reindex.reindexer import Busy
+from app.reindex.set_admin import SetLimit
+from app.reindex.uploads import UploadError
 
 log = logging.getLogger(__name__)
 

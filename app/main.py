@@ -15,14 +15,15 @@ from types import FrameType
 import anyio.to_thread
 from fastapi import FastAPI
 
-from app import errors, first_build, logs
+from app import errors, logs
 from app.config import Settings, get_settings
 from app.engine import replicas
 from app.engine.memory import fix_malloc_thresholds
 from app.engine.runtime import build_runtime
-from app.engine.set_admin import build_admin
 from app.limits import AdminGate, Admission, AdmissionLimit, BodySizeLimit
 from app.probes import ProbePacer
+from app.reindex import first_build
+from app.reindex.set_admin import build_admin
 from app.routes import admin, demo, health, metrics, reply, similar
 from app.schemas import BODY_LIMITS
 from app.state import ServiceState

@@ -20,9 +20,9 @@ from app.engine import describe
 from app.engine.cache import EmbeddingCache
 from app.engine.kv import Guarded
 from app.engine.runtime import Runtime
-from app.engine.set_admin import Admin
 from app.engine.stats import Buckets
 from app.limits import Admission
+from app.reindex.set_admin import Admin
 from core.retriever import Strategy
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)

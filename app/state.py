@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI
 
 from app.engine.runtime import Runtime
-from app.engine.set_admin import Admin
-from app.first_build import Progress
 from app.limits import Admission
 from app.metrics import Metrics
+from app.reindex.first_build import Progress
+from app.reindex.set_admin import Admin
 
 
 @dataclass

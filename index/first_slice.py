@@ -1,5 +1,5 @@
 """A first slice of the default candidates: what `make run` serves within a minute on a fresh
-clone while the service builds the rest (app/engine/first_build.py).
+clone while the service builds the rest (app/reindex/first_build.py).
 
 The slice is the replies that answer the most distinct contexts in the corpus: the ones the full
 index would serve most often, so the first answers are the ones people would mostly get anyway.

@@ -20,7 +20,7 @@ import httpx
 import pytest
 import redis
 
-from app.engine.jobs import FileJobStore, Job, RedisLock
+from app.reindex.jobs import FileJobStore, Job, RedisLock
 from core import encoder as encoder_module
 from core.store import OWNER, IndexStore
 from tests.helpers import AUTH, REDIS_URL, TOKEN, AppFactory, loaded, upload, wait_for
@@ -495,7 +495,7 @@ async def test_the_job_list_is_newest_first_and_each_job_reads_as_its_own_route(
     counts, newest first."""
     import time
 
-    from app.engine.jobs import JobStore, RedisJobStore
+    from app.reindex.jobs import JobStore, RedisJobStore
 
     store: JobStore = FileJobStore(own_artifacts / "jobs") if backend == "files" else RedisJobStore(clean_redis)
     now = time.time()
@@ -527,7 +527,7 @@ async def test_a_job_whose_lock_expired_is_failed_and_uploads_are_taken(
 ) -> None:
     """candidates.md, Admin: a job whose process died is marked failed once its lock has expired, by
     the next upload or job listing, and uploads are taken again."""
-    from app.engine.jobs import LOCK_KEY, RedisJobStore
+    from app.reindex.jobs import LOCK_KEY, RedisJobStore
 
     job = Job.new("append")  # this host's, as another process's would be
     job.state, job.stage = "running", "encode"

@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import pytest
 
-from app.uploads import parse_upload
+from app.reindex.uploads import parse_upload
 from core import ann
 from core.filters import Filter, Selection
 from core.records import Candidate, from_json, to_json

@@ -193,7 +193,7 @@ async def test_an_upload_that_lands_before_the_full_build_starts_wins(
     the build, your candidates win. The check read this replica's serving version before the corpus
     loaded (seconds), outside the lock: an upload that landed meanwhile was replaced by the full build.
     The job now checks the pointer under the lock, as it starts and right before it swaps."""
-    from app.engine.reindex import Reindexer
+    from app.reindex.reindexer import Reindexer
     from core.records import Candidate
 
     own = tmp_path / "artifacts"

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import redis
 
-from app.engine.jobs import (
+from app.reindex.jobs import (
     JOB_TTL_S,
     LOCK_KEY,
     LOCK_TTL_S,
@@ -25,7 +25,7 @@ from app.engine.jobs import (
     Renewer,
     fail_dead,
 )
-from app.engine.reindex import Busy
+from app.reindex.reindexer import Busy
 from core.store import IndexStore
 from tests.helpers import AUTH, REDIS_URL, TOKEN, AppFactory, wait_for
 
@@ -112,7 +112,7 @@ def test_a_job_that_just_released_the_lock_is_given_time_to_save_its_end(clean_r
 def test_the_renewer_keeps_the_lock_past_its_ttl_and_says_when_it_lost_it(
     clean_redis: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from app.engine import jobs
+    from app.reindex import jobs
 
     monkeypatch.setattr(jobs, "LOCK_RENEW_S", 0.05)
     lock = RedisLock(clean_redis)

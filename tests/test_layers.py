@@ -5,7 +5,9 @@
             the bundle's numpy heads (poly rerank, reactions, confidence), atomic file writes.
             Imports nothing of ours outside core.
     index   the index build and the corpus: core only.
-    app     the service: core and index; never models. app.engine never imports the HTTP layer.
+    app     the service: core and index; never models. Within it, app.engine is the request path
+            and never imports the HTTP layer, nor app.reindex, the admin side (uploads, reindex
+            jobs, rollback), which is built on the engine.
     models  the offline pipeline (torch): core, index, and of app only its public entry points.
 
 The public entry points of app, the only names models may import from it:
@@ -37,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OURS = ("app", "core", "index", "models", "bench", "tests")
 HEAVY = ("torch", "transformers", "onnx", "sentence_transformers")
 HTTP_LAYER = ("app.main", "app.routes", "app.deps", "app.errors", "app.limits", "app.schemas")
+ADMIN_SIDE = ("app.reindex",)
 ANY = frozenset({"*"})
 PUBLIC: dict[str, frozenset[str]] = {
     "app.main": frozenset({"create_app"}),
@@ -76,6 +79,11 @@ def offending(package: str, allowed: tuple[str, ...], root: Path = ROOT, torch_f
     return bad
 
 
+def reaching(package: str, forbidden: tuple[str, ...], root: Path = ROOT) -> list[str]:
+    """Imports of any module under `forbidden` (prefixes)."""
+    return [f"{where}: {module}" for where, module, _ in imports(package, root) if _under(module, forbidden)]
+
+
 def _under(module: str, prefixes: tuple[str, ...]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in prefixes)
 
@@ -105,6 +113,10 @@ def test_the_engine_never_imports_the_http_layer() -> None:
     assert offending("app/engine", ("core", "app.engine", "app.config", "index")) == []
 
 
+def test_the_request_path_never_imports_the_admin_side() -> None:
+    assert reaching("app/engine", ADMIN_SIDE) == []
+
+
 def test_the_offline_pipeline_uses_only_the_services_public_entry_points() -> None:
     assert offending("models", ("app", "core", "index", "models"), torch_free=False) == []
     bad = [f"{w}: {m} {n or ''}" for w, m, n in imports("models") if _under(m, ("app",)) and not _public(m, n)]
@@ -132,6 +144,21 @@ def test_the_rules_see_every_kind_of_import(tmp_path: Path) -> None:
     assert not _public("app.client._sync", "ChitchatClient")
     assert not _public("app.config", None)
     assert _public("app.client", "ChitchatClient") and _public("app.engine.runtime", "load_newest_serving")
+
+
+def test_the_admin_side_rule_sees_every_kind_of_import(tmp_path: Path) -> None:
+    engine = tmp_path / "app" / "engine"
+    engine.mkdir(parents=True)
+    (engine / "mod.py").write_text(
+        "import app.reindex.jobs\n"
+        "from ..reindex import rollback\n"
+        "def lazy():\n"
+        "    from app.reindex.set_admin import Admin\n"
+    )
+    found = reaching("app/engine", ADMIN_SIDE, root=tmp_path)
+    assert sorted(found) == sorted(
+        f"app/engine/mod.py: {m}" for m in ("app.reindex.jobs", "app.reindex", "app.reindex.set_admin")
+    )
 
 
 @pytest.mark.parametrize("module", ["app.main", "index.build", "index.__main__", "core.retriever"])

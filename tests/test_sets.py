@@ -266,11 +266,11 @@ class HeldBuilds:
     job that is still running, or that fails and leaves its set holding nothing."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, *held: str) -> None:
-        from app.engine import reindex
+        from app.reindex import reindexer
 
         self.release = {name: threading.Event() for name in held}
         self.fail: set[str] = set()
-        real = reindex.build_version
+        real = reindexer.build_version
 
         def build(candidates: Any, encoder: Any, checksum: str, store: Any, *args: Any, **kwargs: Any) -> Any:
             name = store.root.parent.name
@@ -280,7 +280,7 @@ class HeldBuilds:
                     raise OSError(28, "No space left on device")
             return real(candidates, encoder, checksum, store, *args, **kwargs)
 
-        monkeypatch.setattr(reindex, "build_version", build)
+        monkeypatch.setattr(reindexer, "build_version", build)
 
     def end(self, name: str, fail: bool = False) -> None:
         if fail:

@@ -1,4 +1,4 @@
-"""Upload parsing (app/uploads.py) and the duplicates report (index/candidates.py), without an app."""
+"""Upload parsing (app/reindex/uploads.py) and the duplicates report (index/candidates.py), without an app."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from app.uploads import UploadError, parse_upload
+from app.reindex.uploads import UploadError, parse_upload
 from core.records import Candidate
 from index.candidates import RECORD_LINES, apply, duplicates
 

@@ -20,15 +20,15 @@ from app.client.answers import IndexInfo, Job, JobList, RollbackResult, SetDelet
 from app.config import Settings
 from app.deps import RuntimeDep, ServiceDep, SettingsDep
 from app.engine import describe
-from app.engine.reindex import Busy
-from app.engine.rollback import rollback as roll_back
 from app.engine.runtime import Runtime, UnknownEncoder
-from app.engine.set_admin import Admin, SetAdmin
 from app.engine.sets import DEFAULT_SET, SET_NAME, BadSetName, NoSuchSet, NotReady, check_set_name
-from app.engine.versions import previous_version
 from app.errors import COMMON, ApiError, ErrorKind, error_response, responses
+from app.reindex.reindexer import Busy
+from app.reindex.rollback import rollback as roll_back
+from app.reindex.set_admin import Admin, SetAdmin
+from app.reindex.uploads import Mode, OnInvalid, parse_upload, upload_body
+from app.reindex.versions import previous_version
 from app.state import ServiceState
-from app.uploads import Mode, OnInvalid, parse_upload, upload_body
 
 ADMIN_ERRORS = (*COMMON, ErrorKind.unauthorized, ErrorKind.not_found, ErrorKind.conflict)
 router = APIRouter(prefix="/admin", tags=["admin"], responses=responses(*ADMIN_ERRORS))

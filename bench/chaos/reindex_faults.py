@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Any
 
-from app.engine.jobs import FINISHING_GRACE_S, LOCK_TTL_S
+from app.reindex.jobs import FINISHING_GRACE_S, LOCK_TTL_S
 from bench.chaos.context import Context
 from bench.chaos.harness import Service, rows, summary, traffic, wait_for
 from core.store import IndexStore

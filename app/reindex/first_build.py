@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 
-from app.engine.jobs import Job, JobStore
-from app.engine.reindex import Busy
+from app.reindex.jobs import Job, JobStore
+from app.reindex.reindexer import Busy
 from core.store import IndexStore
 from index.build import default_candidates
 from index.first_slice import Owed, owed, settle
 
 if TYPE_CHECKING:
-    from app.engine.set_admin import Admin
+    from app.reindex.set_admin import Admin
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import uuid
 
-from app.engine.jobs import THIS_PROCESS
-from app.engine.reindex import Reindexer
-from app.engine.versions import previous_version
+from app.reindex.jobs import THIS_PROCESS
+from app.reindex.reindexer import Reindexer
+from app.reindex.versions import previous_version
 
 
 def rollback(reindexer: Reindexer) -> tuple[str, str, dict[str, str]]:

@@ -23,13 +23,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from app.engine.jobs import Job, JobStore, Lock, Renewer, fail_dead
 from app.engine.memory import return_freed_memory
 from app.engine.priority import BACKGROUND, lower_this_thread
 from app.engine.runtime import Runtime
 from app.engine.sets import CandidateSet
 from app.engine.stats import Buckets
-from app.engine.versions import prune
+from app.reindex.jobs import Job, JobStore, Lock, Renewer, fail_dead
+from app.reindex.versions import prune
 from core.records import Candidate
 from index.build import build_version
 from index.candidates import RECORD_LINES, CandidateStore, apply, duplicates

@@ -16,19 +16,6 @@ from typing import Any
 import redis
 
 from app.config import Settings
-from app.engine.jobs import (
-    FINISHING_GRACE_S,
-    LOCK_KEY,
-    FileJobStore,
-    Job,
-    JobStore,
-    Lock,
-    ProcessLock,
-    RedisJobStore,
-    RedisLock,
-    fail_dead,
-)
-from app.engine.reindex import REINDEX_SECONDS, Reindexer
 from app.engine.replicas import Publisher, replica_id
 from app.engine.runtime import Runtime
 from app.engine.sets import (
@@ -46,6 +33,19 @@ from app.engine.sets import (
     stored_candidates,
 )
 from app.engine.stats import Buckets
+from app.reindex.jobs import (
+    FINISHING_GRACE_S,
+    LOCK_KEY,
+    FileJobStore,
+    Job,
+    JobStore,
+    Lock,
+    ProcessLock,
+    RedisJobStore,
+    RedisLock,
+    fail_dead,
+)
+from app.reindex.reindexer import REINDEX_SECONDS, Reindexer
 from core.records import Candidate
 from index.candidates import REDIS_KEY, CandidateStore, FileCandidateStore, RedisCandidateStore
 
