@@ -166,7 +166,7 @@ def test_builds_of_several_sets_wait_for_the_process_memory_budget() -> None:
     import threading
     import time
 
-    from app.engine.budget import BuildBudget
+    from app.reindex.budget import BuildBudget
 
     budget = BuildBudget(max_bytes=BuildBudget.estimate(150_000))
     order: list[str] = []

@@ -22,7 +22,6 @@ import faiss
 from threadpoolctl import threadpool_limits
 
 from app.config import Settings
-from app.engine.budget import BuildBudget
 from app.engine.cache import EmbeddingCache
 from app.engine.compute import ComputePool
 from app.engine.encoding import EncoderQueue, encoder_queue
@@ -92,8 +91,6 @@ class Runtime:
     # replaced as a whole, as `sets` is.
     models: dict[str, Model] = field(default_factory=dict)
     models_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    # Every set's index builds share it: a process-wide memory bound (`budget.py`).
-    builds: BuildBudget = field(default_factory=lambda: BuildBudget(1 << 30))
     # name -> set. Replaced as a whole when a set comes or goes (`add_set`, `drop_set`), so a
     # reader iterating it never sees it change under it.
     sets: dict[str, CandidateSet] = field(default_factory=dict)
@@ -394,7 +391,6 @@ def build_runtime(settings: Settings) -> Runtime:
             settings.batch_max_tokens, settings.batch_max_wait_ms, settings.max_pending, stages
         ),
         stages=stages,
-        builds=BuildBudget(settings.reindex_memory_mb << 20),
     )
     runtime.add_set(DEFAULT_SET)
     runtime.encoders = {**shipped_bundles(settings.encoders_dir), runtime.default_encoder: settings.bundle_dir}

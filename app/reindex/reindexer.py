@@ -28,6 +28,7 @@ from app.engine.priority import BACKGROUND, lower_this_thread
 from app.engine.runtime import Runtime
 from app.engine.sets import CandidateSet
 from app.engine.stats import Buckets
+from app.reindex.budget import BuildBudget
 from app.reindex.jobs import Job, JobStore, Lock, Renewer, fail_dead
 from app.reindex.versions import prune
 from core.records import Candidate
@@ -76,6 +77,7 @@ class Reindexer:
         publish: Callable[[str], None],
         outcomes: dict[str, int] | None = None,
         durations: Buckets | None = None,
+        builds: BuildBudget | None = None,
     ) -> None:
         self.runtime = runtime
         self.candidate_set = candidate_set
@@ -87,6 +89,8 @@ class Reindexer:
         # and seconds from submit to done.
         self.outcomes: dict[str, int] = {} if outcomes is None else outcomes
         self.durations = durations or Buckets(REINDEX_SECONDS)
+        # Every set's index builds share it when given: a process-wide memory bound (`budget.py`).
+        self.builds = builds or BuildBudget(1 << 30)
 
     def submit(
         self,
@@ -195,7 +199,7 @@ class Reindexer:
             raise ValueError("the upload would leave no candidates")
 
         # Every set's builds share one memory budget in this process: this one may wait its turn.
-        with self.runtime.builds.held(len(merged), waiting=lambda: self._progress(job, "waiting for a build", 0.0)):
+        with self.builds.held(len(merged), waiting=lambda: self._progress(job, "waiting for a build", 0.0)):
             # Its own session, created in this low-priority thread: its worker
             # threads inherit the niceness, so on an idle machine the build uses
             # every core and under load the scheduler favours live requests.

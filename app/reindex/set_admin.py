@@ -33,6 +33,7 @@ from app.engine.sets import (
     stored_candidates,
 )
 from app.engine.stats import Buckets
+from app.reindex.budget import BuildBudget
 from app.reindex.jobs import (
     FINISHING_GRACE_S,
     LOCK_KEY,
@@ -95,6 +96,8 @@ class Admin:
     # Every set's jobs, for /metrics: "succeeded"/"failed" -> count, and seconds from submit to done.
     outcomes: dict[str, int] = field(default_factory=dict)
     durations: Buckets = field(default_factory=lambda: Buckets(REINDEX_SECONDS))
+    # Every set's index builds share it: a process-wide memory bound (`budget.py`).
+    builds: BuildBudget = field(default_factory=lambda: BuildBudget(1 << 30))
     # Without Redis, each set's lock, by name, for as long as the process lives: a set is wired again
     # whenever this replica finds it again (`of`), and a fresh lock then would let a second job run
     # beside the one the old lock still holds.
@@ -253,7 +256,7 @@ class Admin:
             candidates = FileCandidateStore(root / "candidates.jsonl")
         publish = Publisher(self.client, self.origin, name)
         reindexer = Reindexer(
-            self.runtime, candidate_set, candidates, jobs, lock, publish, self.outcomes, self.durations
+            self.runtime, candidate_set, candidates, jobs, lock, publish, self.outcomes, self.durations, self.builds
         )
         admin = SetAdmin(reindexer, jobs, candidates)
         self._sweep_at_start(admin)
@@ -279,7 +282,7 @@ def build_admin(settings: Settings, runtime: Runtime) -> Admin:
         client = redis.Redis.from_url(
             settings.redis_url, socket_timeout=ADMIN_REDIS_TIMEOUT_S, socket_connect_timeout=2
         )
-    admin = Admin(settings, runtime, client, replica_id())
+    admin = Admin(settings, runtime, client, replica_id(), builds=BuildBudget(settings.reindex_memory_mb << 20))
     for name in list(runtime.sets):
         admin.of(name)
     return admin
