@@ -31,7 +31,6 @@ import socket
 import tempfile
 import threading
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -43,6 +42,7 @@ import numpy as np
 
 from core import ann, failpoints
 from core.files import fsync_dir, write_atomic
+from core.process import gone, this_process
 from core.records import Candidate, from_json, to_json
 from core.text import normalize
 
@@ -65,7 +65,7 @@ TABLES = "candidates.json.gz"
 RECORDS = "records.jsonl.gz"
 RECORD_COUNT = "records.count"  # how many records RECORDS holds: the limit on candidates reads it, not them
 # In a staging directory: the process writing it, {"host", "pid", "started", "boot", "pidns", "start", "token"}
-# (`this_process`).
+# (`core.process.this_process`).
 OWNER = "OWNER"
 # What `index.build` names a version: v<UTC time to the microsecond>-<6 hex>. A name from
 # elsewhere (a pub/sub message, the pointer file) becomes a path only if it matches.
@@ -407,12 +407,12 @@ class IndexStore:
 
 
 def _abandoned(staging: Path) -> bool:
-    """On this host: its process has exited (`_gone`). Elsewhere (or untagged, from before owners were
-    written, or just created and not yet tagged): untouched for STAGING_ABANDONED_S."""
+    """On this host: its process has exited (`core.process.gone`). Elsewhere (or untagged, from before
+    owners were written, or just created and not yet tagged): untouched for STAGING_ABANDONED_S."""
     try:
         owner = json.loads((staging / OWNER).read_text())
         if owner.get("host") == socket.gethostname():
-            return _gone(owner)
+            return gone(owner)
     except (OSError, ValueError, KeyError, TypeError):
         pass
     try:
@@ -420,87 +420,6 @@ def _abandoned(staging: Path) -> bool:
     except OSError:  # removed by its owner meanwhile
         return False
     return time.time() - touched > STAGING_ABANDONED_S
-
-
-_PROCESS: dict[str, Any] = {}
-
-
-def this_process() -> dict[str, Any]:
-    """Who writes a staging directory, as OWNER records it. A pid alone does not say: in a container
-    uvicorn is PID 1 after every restart, and the hostname is kept, so a killed build's pid is the
-    pid of the process that finds its directory. The kernel's boot, the PID namespace and the
-    process's start time do, with a token of the process's own; `started` is for people."""
-    if _PROCESS.get("pid") != os.getpid():  # first use, or a forked child: its own token
-        pid = os.getpid()
-        _PROCESS.clear()
-        _PROCESS.update(
-            host=socket.gethostname(),
-            pid=pid,
-            started=time.time(),
-            boot=boot_id(),
-            pidns=_pid_namespace(),
-            start=start_time(pid),
-            token=uuid.uuid4().hex,
-        )
-    return dict(_PROCESS)
-
-
-def boot_id() -> str | None:
-    """The kernel's id of this boot (Linux); None where there is none to read."""
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
-    except OSError:
-        return None
-
-
-def _pid_namespace() -> str | None:
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return None
-
-
-def start_time(pid: int) -> int | None:
-    """When process `pid` started, in clock ticks after boot (/proc/<pid>/stat, field 22); None if
-    there is no such process, or nothing to read it from. A pid and its start time name one process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    try:
-        # Field 2, the command, is in parentheses and may hold spaces and ")"; field 3 follows the last ")".
-        return int(stat[stat.rindex(")") + 2 :].split()[19])
-    except (ValueError, IndexError):
-        return None
-
-
-def _gone(owner: dict[str, Any]) -> bool:
-    """Whether the process an OWNER of this host names has exited. A host's processes are one PID
-    namespace on one boot (replicas that share a hostname share their PIDs, as one container's do):
-    an owner from another boot or namespace of this host is a process of a machine or container
-    that has since restarted."""
-    me = this_process()
-    if owner.get("token") == me["token"]:
-        return False
-    for key in ("boot", "pidns"):
-        if owner.get(key) is not None and me[key] is not None and owner[key] != me[key]:
-            return True
-    pid = int(owner["pid"])
-    if pid == me["pid"]:  # not this process's token: an earlier process that had this pid
-        return True
-    if owner.get("start") is not None:  # None where the kernel gave none: the pid alone then
-        return bool(start_time(pid) != owner["start"])
-    return not _alive(pid)  # written before start times were
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    return True
 
 
 @functools.lru_cache(maxsize=1024)

@@ -701,12 +701,12 @@ def test_a_staging_directory_of_an_earlier_process_with_this_pid_is_removed(tmp_
     mine = store.stage()
     assert store.remove_staging() == [earlier.name] and mine.exists()
 
-    from core import store as store_module
+    from core import process
 
     sleeper = subprocess.Popen(["sleep", "30"])
     try:
         this_process = json.loads((mine / OWNER).read_text())
-        alive = {**this_process, "pid": sleeper.pid, "start": store_module.start_time(sleeper.pid), "token": "its"}
+        alive = {**this_process, "pid": sleeper.pid, "start": process.start_time(sleeper.pid), "token": "its"}
         running = store.stage()  # a build of another process that still runs
         (running / OWNER).write_text(json.dumps(alive))
         reused = store.stage()  # a build of a process whose pid a live one took since

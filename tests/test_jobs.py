@@ -16,16 +16,15 @@ from app.reindex.jobs import (
     JOB_TTL_S,
     LOCK_KEY,
     LOCK_TTL_S,
-    THIS_PROCESS,
     FileJobStore,
     Job,
-    Owner,
     RedisJobStore,
     RedisLock,
     Renewer,
     fail_dead,
 )
 from app.reindex.reindexer import Busy
+from core.process import THIS_PROCESS, Owner
 from core.store import IndexStore
 from tests.helpers import AUTH, REDIS_URL, TOKEN, AppFactory, wait_for
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import threading
 import time
 import uuid
@@ -24,6 +23,7 @@ from typing import Any, Literal, Protocol
 import redis
 
 from core.files import write_atomic
+from core.process import THIS_PROCESS, Owner
 
 JobState = Literal["queued", "running", "succeeded", "failed"]
 JOB_TTL_S = 7 * 24 * 3600
@@ -34,26 +34,6 @@ LOCK_RENEW_S = 3  # well inside the TTL: a Redis pause of a few seconds costs no
 # state: the holder releases the lock first, so that a client that sees it done can upload.
 FINISHING_GRACE_S = 10
 RECENT_KEY = "jobs:recent"  # every job id, scored by creation time: the listing's order
-
-
-@dataclass(frozen=True)
-class Owner:
-    """Who runs a job, for people reading it: the host and this process's boot.
-    Liveness is the lock's business, not this."""
-
-    replica: str
-    boot: str
-
-    def __str__(self) -> str:
-        return f"{self.replica}/{self.boot}"
-
-    @staticmethod
-    def parse(text: str) -> Owner | None:
-        replica, _, boot = text.rpartition("/")
-        return Owner(replica, boot) if replica and boot else None
-
-
-THIS_PROCESS = Owner(socket.gethostname(), uuid.uuid4().hex[:12])
 
 
 @dataclass

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import uuid
 
-from app.reindex.jobs import THIS_PROCESS
 from app.reindex.reindexer import Reindexer
 from app.reindex.versions import previous_version
+from core.process import THIS_PROCESS
 
 
 def rollback(reindexer: Reindexer) -> tuple[str, str, dict[str, str]]:
