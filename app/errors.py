@@ -144,8 +144,9 @@ _HTTP_KINDS = {
 }
 
 
-# The engine knows nothing of HTTP; its failures map to kinds here.
-_ENGINE_KINDS: dict[type[Exception], ErrorKind] = {
+# The engine and the admin side know nothing of HTTP; their failures map to kinds here, once: for
+# the routes (`install`) and for what refuses an upload before its body is read.
+ENGINE_KINDS: dict[type[Exception], ErrorKind] = {
     NotReady: ErrorKind.not_ready,
     Closed: ErrorKind.not_ready,  # shutting down: another replica can answer
     Overloaded: ErrorKind.overloaded,
@@ -156,6 +157,11 @@ _ENGINE_KINDS: dict[type[Exception], ErrorKind] = {
     BadSetName: ErrorKind.validation,
     UnknownEncoder: ErrorKind.not_found,
 }
+
+
+def from_engine(error: Exception) -> ApiError:
+    """The answer to one of ENGINE_KINDS' exceptions, naming the field it names, if any."""
+    return ApiError(ENGINE_KINDS[type(error)], str(error), getattr(error, "field", None))
 
 
 def _allowed(app: FastAPI, path: str, given: str) -> list[str]:
@@ -194,7 +200,7 @@ def install(app: FastAPI) -> None:
         return error_response(ApiError(kind, str(exc.detail)), headers)
 
     async def engine_error(_: Request, exc: Exception) -> JSONResponse:
-        return error_response(ApiError(_ENGINE_KINDS[type(exc)], str(exc), getattr(exc, "field", None)))
+        return error_response(from_engine(exc))
 
     async def unsupported(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, Unsupported)
@@ -229,7 +235,7 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
-    for engine_exception in _ENGINE_KINDS:
+    for engine_exception in ENGINE_KINDS:
         app.add_exception_handler(engine_exception, engine_error)
     app.add_exception_handler(Unsupported, unsupported)
     app.add_exception_handler(UploadError, upload_error)

@@ -22,7 +22,7 @@ from app.deps import RuntimeDep, ServiceDep, SettingsDep
 from app.engine import describe
 from app.engine.runtime import Runtime, UnknownEncoder
 from app.engine.sets import DEFAULT_SET, SET_NAME, BadSetName, NoSuchSet, NotReady, check_set_name
-from app.errors import COMMON, ApiError, ErrorKind, error_response, responses
+from app.errors import COMMON, ApiError, ErrorKind, error_response, from_engine, responses
 from app.reindex.reindexer import Busy
 from app.reindex.rollback import rollback as roll_back
 from app.reindex.set_admin import Admin, SetAdmin
@@ -169,12 +169,8 @@ async def refuse_before_body(admin: Admin, name: str, delete: bool, encoder: str
 
 # The upload routes: `name` absent for the default set's; `delete` on deletions.
 UPLOAD_ROUTE = re.compile(r"/admin/(?:sets/(?P<name>[^/]{1,64})/)?candidates(?P<delete>/delete)?")
-_REFUSALS: dict[type[Exception], ErrorKind] = {
-    UnknownEncoder: ErrorKind.not_found,
-    NoSuchSet: ErrorKind.not_found,
-    BadSetName: ErrorKind.validation,
-    Busy: ErrorKind.conflict,
-}
+# What `refuse_before_body` raises; their kinds are the routes' (`errors.ENGINE_KINDS`).
+_REFUSALS = (UnknownEncoder, NoSuchSet, BadSetName, Busy)
 
 
 class RefuseBeforeBody:
@@ -205,8 +201,8 @@ class RefuseBeforeBody:
                 encoder = None  # not a name: the route's 422
             try:
                 await refuse_before_body(admin, upload["name"] or DEFAULT_SET, bool(upload["delete"]), encoder)
-            except tuple(_REFUSALS) as refusal:
-                error = ApiError(_REFUSALS[type(refusal)], str(refusal), getattr(refusal, "field", None))
+            except _REFUSALS as refusal:
+                error = from_engine(refusal)
                 # The body stays unread: the connection closes after the answer.
                 await error_response(error, {"connection": "close"})(scope, receive, send)
                 return
