@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import re
 import signal
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -27,14 +26,13 @@ from app.reindex.set_admin import build_admin
 from app.routes import admin, demo, health, metrics, reply, similar
 from app.schemas import BODY_LIMITS
 from app.state import ServiceState
+from app.upload_gate import UPLOAD_ROUTE, RefuseBeforeBody
 from index.first_slice import owed
 
 log = logging.getLogger(__name__)
 
 # The routes whose work queues for the encoder, and so what admission control counts.
 ENCODER_ROUTES = frozenset({"/reply", "/similar"})
-# Candidate uploads, of the default set or a named one: the admin body limit, not the request one.
-UPLOAD_PATHS = re.compile(r"/admin/(sets/[^/]{1,64}/)?candidates(/delete)?")
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -87,7 +85,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         BodySizeLimit,
         max_bytes=settings.max_body_bytes,
         bulk_bytes=settings.admin_max_body_bytes,
-        bulk_paths=UPLOAD_PATHS,
+        bulk_paths=UPLOAD_ROUTE,  # candidate uploads: the admin body limit, not the request one
         path_bytes=BODY_LIMITS,
         deadline_s=settings.body_read_timeout_s,
         max_reading=settings.max_bodies_reading,
@@ -104,7 +102,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     # Between the token check and the body reader: an upload that names an unknown encoder, or whose
     # set is busy, is refused before a byte of its body is read.
-    app.add_middleware(admin.RefuseBeforeBody, service=service)
+    app.add_middleware(RefuseBeforeBody, service=service)
     # Outside the size limit, which reads the body: an admin body is read only with the token, a few at a time.
     app.add_middleware(AdminGate, token=settings.admin_token, max_bodies=settings.admin_max_bodies_in_flight)
     # Before anything else a probe would cost: a connection that probes again within a second waits its turn.

@@ -754,7 +754,7 @@ async def _more_than_the_limit() -> AsyncIterator[bytes]:
         yield b" " * (1 << 20)
 
 
-# app/main.py installs app.routes.admin.RefuseBeforeBody between AdminGate and BodySizeLimit.
+# app/main.py installs app.upload_gate.RefuseBeforeBody between AdminGate and BodySizeLimit.
 @pytest.mark.parametrize("body", [_never_all_of_it, _more_than_the_limit], ids=["never-arrives", "huge"])
 @pytest.mark.parametrize(
     ("path", "status", "field"),

@@ -4,15 +4,12 @@ for named sets (`/admin/sets/{name}/...`). Every route needs the bearer token.""
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass
 from typing import Annotated, Literal
-from urllib.parse import parse_qs
 
 import anyio.to_thread
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app import logs
 from app.auth import admin_refusal
@@ -20,18 +17,17 @@ from app.client.answers import IndexInfo, Job, JobList, RollbackResult, SetDelet
 from app.config import Settings
 from app.deps import RuntimeDep, ServiceDep, SettingsDep
 from app.engine import describe
-from app.engine.runtime import Runtime, UnknownEncoder
-from app.engine.sets import DEFAULT_SET, SET_NAME, BadSetName, NoSuchSet, NotReady, check_set_name
-from app.errors import COMMON, ApiError, ErrorKind, error_response, from_engine, responses
-from app.reindex.reindexer import Busy
+from app.engine.runtime import Runtime
+from app.engine.sets import DEFAULT_SET, SET_NAME, NotReady, check_set_name
+from app.errors import COMMON, ApiError, ErrorKind, responses
 from app.reindex.rollback import rollback as roll_back
 from app.reindex.set_admin import Admin, SetAdmin
 from app.reindex.uploads import Mode, OnInvalid, parse_upload, upload_body
 from app.reindex.versions import previous_version
-from app.state import ServiceState
+from app.upload_gate import ADMIN, CANDIDATES, DELETE, ENCODER_NAME, SET, check_encoder, refuse_before_body
 
 ADMIN_ERRORS = (*COMMON, ErrorKind.unauthorized, ErrorKind.not_found, ErrorKind.conflict)
-router = APIRouter(prefix="/admin", tags=["admin"], responses=responses(*ADMIN_ERRORS))
+router = APIRouter(prefix=ADMIN, tags=["admin"], responses=responses(*ADMIN_ERRORS))
 # Parses "Authorization: Bearer <token>" (any case of the scheme) and nothing
 # else; auto_error=False so that every failure is our one 401 shape.
 bearer = HTTPBearer(auto_error=False, description="CHITCHAT_ADMIN_TOKEN")
@@ -62,8 +58,6 @@ async def set_name(
 
 
 SetNamePath = Annotated[str, Depends(set_name)]
-# A shipped bundle's directory name (`Settings.encoders_dir`); checked against them before the body is read.
-ENCODER_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 EncoderQuery = Annotated[str | None, Query(min_length=1, max_length=64, pattern=ENCODER_NAME)]
 RequiredEncoder = Annotated[str, Query(min_length=1, max_length=64, pattern=ENCODER_NAME)]
 
@@ -88,7 +82,7 @@ async def submission(request: Request, admin: AdminDep, settings: SettingsDep) -
 SubmissionDep = Annotated[Submission, Depends(submission)]
 
 
-@router.post("/candidates", status_code=202, openapi_extra={"requestBody": upload_body("upsert")})
+@router.post(CANDIDATES, status_code=202, openapi_extra={"requestBody": upload_body("upsert")})
 async def upload(
     submission: SubmissionDep,
     mode: Literal["append", "replace"] = "append",
@@ -102,13 +96,13 @@ async def upload(
     return await submission.submit(DEFAULT_SET, mode, on_invalid, encoder)
 
 
-@router.post("/candidates/delete", status_code=202, openapi_extra={"requestBody": upload_body("delete")})
+@router.post(CANDIDATES + DELETE, status_code=202, openapi_extra={"requestBody": upload_body("delete")})
 async def delete(submission: SubmissionDep, on_invalid: OnInvalid = "reject") -> UploadAccepted:
     """Deletes candidates of the default set named by {id}, or by a whole record. Starts a reindex."""
     return await submission.submit(DEFAULT_SET, "delete", on_invalid)
 
 
-@router.post("/sets/{name}/candidates", status_code=202, openapi_extra={"requestBody": upload_body("upsert")})
+@router.post(SET + CANDIDATES, status_code=202, openapi_extra={"requestBody": upload_body("upsert")})
 async def upload_to_set(
     submission: SubmissionDep,
     name: SetNamePath,
@@ -121,7 +115,7 @@ async def upload_to_set(
     return await submission.submit(name, mode, on_invalid, encoder)
 
 
-@router.put("/sets/{name}/candidates", status_code=202, openapi_extra={"requestBody": upload_body("upsert")})
+@router.put(SET + CANDIDATES, status_code=202, openapi_extra={"requestBody": upload_body("upsert")})
 async def replace_set(
     submission: SubmissionDep, name: SetNamePath, on_invalid: OnInvalid = "reject", encoder: EncoderQuery = None
 ) -> UploadAccepted:
@@ -133,82 +127,18 @@ async def replace_set(
 async def set_encoder(admin: AdminDep, name: SetNamePath, encoder: RequiredEncoder) -> UploadAccepted:
     """Re-encodes every candidate of set `name` with another shipped encoder: a reindex job; the
     version before serves until the swap, and rolling back returns to it only through a new job."""
-    _check_encoder(admin.runtime, encoder)
+    check_encoder(admin.runtime, encoder)
     target = await anyio.to_thread.run_sync(admin.of, name)
     job = await anyio.to_thread.run_sync(target.reindexer.submit, "reencode", [], None, encoder)
     return _accepted(name, job.id, job.state, "reencode", 0, 0)
 
 
-@router.post("/sets/{name}/candidates/delete", status_code=202, openapi_extra={"requestBody": upload_body("delete")})
+@router.post(SET + CANDIDATES + DELETE, status_code=202, openapi_extra={"requestBody": upload_body("delete")})
 async def delete_from_set(
     submission: SubmissionDep, name: SetNamePath, on_invalid: OnInvalid = "reject"
 ) -> UploadAccepted:
     """As `POST /admin/candidates/delete`, in set `name`."""
     return await submission.submit(name, "delete", on_invalid)
-
-
-def _check_encoder(runtime: Runtime, encoder: str | None) -> None:
-    if encoder is not None and encoder not in runtime.encoders:
-        raise UnknownEncoder(encoder, sorted(runtime.encoders))
-
-
-async def refuse_before_body(admin: Admin, name: str, delete: bool, encoder: str | None) -> None:
-    """What refuses an upload to set `name` without its body: an unknown encoder (404 naming
-    `encoder`), a set name that is not one (422), a delete from a set that does not exist (404
-    naming `set`), a set whose job holds its lock (409). Raised as the engine's exceptions."""
-    _check_encoder(admin.runtime, encoder)
-    check_set_name(name)
-    if name in admin.runtime.sets:
-        target = await anyio.to_thread.run_sync(admin.of, name)
-        holder = await anyio.to_thread.run_sync(target.reindexer.lock.holder)
-        if holder is not None:
-            raise Busy(f"reindex job {holder} is running")
-    elif delete:
-        raise NoSuchSet(name)
-
-
-# The upload routes: `name` absent for the default set's; `delete` on deletions.
-UPLOAD_ROUTE = re.compile(r"/admin/(?:sets/(?P<name>[^/]{1,64})/)?candidates(?P<delete>/delete)?")
-# What `refuse_before_body` raises; their kinds are the routes' (`errors.ENGINE_KINDS`).
-_REFUSALS = (UnknownEncoder, NoSuchSet, BadSetName, Busy)
-
-
-class RefuseBeforeBody:
-    """ASGI middleware: answers `refuse_before_body`'s refusals of an upload before a byte of its body
-    is read. The route asks the same, but only once the body reader (`limits.BodySizeLimit`, which
-    reads a body whole before the app sees it) has read up to 32 MiB, or waited for a body that
-    never comes. Installed inside `limits.AdminGate`, so the token is checked first, and outside
-    the body reader. Anything it cannot tell (the service still loading, Redis away) it leaves to
-    the route."""
-
-    def __init__(self, app: ASGIApp, service: ServiceState) -> None:
-        self.app = app
-        self.service = service
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        upload = (
-            UPLOAD_ROUTE.fullmatch(scope["path"])
-            if scope["type"] == "http" and scope["method"] in ("POST", "PUT")
-            else None
-        )
-        if upload is not None and scope["method"] == "PUT" and (not upload["name"] or upload["delete"]):
-            upload = None  # only a named set's candidates take PUT: the router answers the others' 405
-        admin = self.service.admin if upload is not None else None
-        if upload is not None and admin is not None:
-            query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-            encoder = query.get("encoder", [None])[-1]
-            if encoder is not None and not re.fullmatch(ENCODER_NAME, encoder[:64]):
-                encoder = None  # not a name: the route's 422
-            try:
-                await refuse_before_body(admin, upload["name"] or DEFAULT_SET, bool(upload["delete"]), encoder)
-            except _REFUSALS as refusal:
-                error = from_engine(refusal)
-                # The body stays unread: the connection closes after the answer.
-                await error_response(error, {"connection": "close"})(scope, receive, send)
-                return
-            except Exception:  # the route asks again, and answers with the error's own status
-                pass
-        await self.app(scope, receive, send)
 
 
 def _accepted(name: str, job_id: str, state: str, mode: str, records: int, skipped: int) -> UploadAccepted:
