@@ -27,7 +27,7 @@ from typing import Protocol
 from pydantic import SecretStr
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.auth import admin_refusal
+from app.auth import admin_refusal, let_through
 from app.errors import STATUS, ApiError, ErrorKind, error_body
 
 
@@ -252,6 +252,7 @@ class AdminGate:
         if refusal is not None:
             await _send_error(send, refusal, [(b"www-authenticate", b"Bearer"), *close])
             return
+        let_through(scope)  # the route's dependency does not ask again
         if self.in_flight >= self.max_bodies:
             await _refuse_busy(send, f"{self.in_flight} admin requests already in flight; retry shortly", close=True)
             return
