@@ -22,8 +22,6 @@ from core.text import normalize
 REDIS_KEY = "candidates"  # the default set's; another set's is "set:<name>:candidates"
 # f"{key}:written" is set once a store has been written, even if empty since
 CHUNK = 5000  # records per Redis round trip
-# The report key under which an upload hands the reindexer each record's line; not kept in the job.
-RECORD_LINES = "record_lines"
 REPORTED_LINES = 100  # of each kind of duplicate
 DUPLICATE_RULES = {
     "ids": "same id (or, without ids, the same query and reply) within the upload: the last record wins",

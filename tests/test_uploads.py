@@ -10,7 +10,7 @@ import pytest
 
 from app.reindex.uploads import UploadError, parse_upload
 from core.records import Candidate
-from index.candidates import RECORD_LINES, apply, duplicates
+from index.candidates import apply, duplicates
 
 
 def parse(body: bytes, content_type: str, on_invalid: str = "reject") -> Any:
@@ -53,7 +53,7 @@ def test_a_multi_line_csv_record_is_reported_at_its_first_line() -> None:
     assert [d["field"] for d in error.value.details] == ["line 2.reply", "line 7.reply"]
     upload = parse(body, "text/csv", on_invalid="skip")
     assert [r["line"] for r in upload.skipped] == [2, 7]
-    assert upload.report()[RECORD_LINES] == [6]  # the valid record, after the blank line 5
+    assert upload.lines == [6]  # the valid record, after the blank line 5
 
 
 @pytest.mark.parametrize(
@@ -90,7 +90,7 @@ def test_json_records_are_numbered_by_position() -> None:
     body = json.dumps([{"reply": "ok"}, {"reply": ""}, {"reply": "fine"}]).encode()
     upload = parse(body, "application/json", on_invalid="skip")
     assert [(r["line"], r["field"]) for r in upload.skipped] == [(2, "record 2.reply")]
-    assert upload.report()[RECORD_LINES] == [1, 3]
+    assert upload.lines == [1, 3]
 
 
 # --- duplicates, as the reindex job reports them ---------------------------------------------------------

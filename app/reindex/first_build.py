@@ -80,7 +80,8 @@ async def complete(admin: Admin, progress: Progress) -> None:
             job = target.reindexer.submit(
                 "replace",
                 candidates,
-                report={"source": debt.source, "first_build": True},
+                report={"first_build": True},
+                source=debt.source,
                 still_wanted=lambda: _still_owed(store, debt),
             )
         except Busy:

@@ -33,7 +33,7 @@ from app.reindex.jobs import Job, JobStore, Lock, Renewer, fail_dead
 from app.reindex.versions import prune
 from core.records import Candidate
 from index.build import build_version
-from index.candidates import RECORD_LINES, CandidateStore, apply, duplicates
+from index.candidates import CandidateStore, apply, duplicates
 from index.encode_cache import EncodeCache
 
 log = logging.getLogger(__name__)
@@ -49,11 +49,14 @@ REINDEX_SECONDS = (5, 15, 30, 60, 120, 300, 600)  # the buckets of a job's durat
 @dataclass(frozen=True)
 class _Work:
     """What a job was submitted with (`Reindexer.submit`): the uploaded records, each one's line in
-    the upload (for the duplicates report), and whether the job is still wanted."""
+    the upload (for the duplicates report), whether the job is still wanted, the encoder asked for
+    and what the candidates came from (the version's `source`)."""
 
     upload: list[Candidate]
     lines: list[int] | None = None
     still_wanted: Callable[[], bool] | None = None
+    encoder: str | None = None
+    source: str | None = None
 
 
 class Busy(Exception):
@@ -100,6 +103,8 @@ class Reindexer:
         encoder: str | None = None,
         still_wanted: Callable[[], bool] | None = None,
         reserved: int = 0,
+        source: str | None = None,
+        lines: list[int] | None = None,
     ) -> Job:
         """encoder: the shipped bundle to build with (checked by the caller, `Runtime.model_by_name`);
         None keeps the set's own, or the default for a new set. Another encoder than the set's
@@ -110,19 +115,26 @@ class Reindexer:
         holder changes, so no upload or rollback can land between its answer and the swap.
 
         reserved: the candidates the set may hold once the job ends, counted against the limit over
-        every set while it runs (`Admin.admit`)."""
+        every set while it runs (`Admin.admit`).
+
+        source: what the candidates came from, as the version records it; None: "admin:<mode>".
+        lines: each uploaded record's line, for the duplicates the job reports.
+
+        report: what the job reports from the start (the upload's skipped records); the encoder and
+        the source are reported with it."""
         job = Job.new(mode)
         job.counts = {"uploaded": len(upload), **({"reserved": reserved} if reserved else {})}
         job.report = dict(report or {})
         if encoder is not None:
             job.report["encoder"] = encoder
-        lines = job.report.pop(RECORD_LINES, None)  # a line per record: too big to keep in the job
+        if source is not None:
+            job.report["source"] = source
         holding = self.claim(job.token)
         try:
             self.jobs.save(job)
             threading.Thread(
                 target=self._run,
-                args=(job, holding, _Work(upload, lines, still_wanted)),
+                args=(job, holding, _Work(upload, lines, still_wanted, encoder, source)),
                 name=f"reindex-{job.id}",
                 daemon=True,
             ).start()
@@ -185,7 +197,7 @@ class Reindexer:
 
         check_wanted()
         target = self.candidate_set
-        model = self.runtime.model_to_build(target, job.report.get("encoder"))
+        model = self.runtime.model_to_build(target, work.encoder)
         job.report["encoder"] = model.bundle_dir.name
         serving = target.serving  # None until the first version exists: this job may build it
         job.previous_version = serving.index_version if serving else None
@@ -209,7 +221,7 @@ class Reindexer:
                 encoder,
                 model.bundle.checksum,
                 target.store,
-                source=str(job.report.get("source", f"admin:{job.mode}")),
+                source=f"admin:{job.mode}" if work.source is None else work.source,
                 progress=False,
                 on_progress=lambda stage, fraction: self._progress(job, stage, fraction),
                 # A job killed halfway and submitted again encodes only the chunks it had not finished.

@@ -124,7 +124,13 @@ class Admin:
             return self.sets[name]
 
     def admit(
-        self, name: str, mode: str, records: list[Candidate], report: dict[str, Any], encoder: str | None = None
+        self,
+        name: str,
+        mode: str,
+        records: list[Candidate],
+        report: dict[str, Any],
+        encoder: str | None = None,
+        lines: list[int] | None = None,
     ) -> tuple[SetAdmin, Job]:
         """Counts the sets and the candidates, and submits the upload's job, as one step under the lock
         on the shared volume that every replica takes for it (`creating`). A job that runs counts as
@@ -152,7 +158,7 @@ class Admin:
             self.runtime.add_set_on_volume(name)
             target = self.of(name)
             # Saved, with what it reserves, before the volume's lock is let go: the next count sees it.
-            return target, target.reindexer.submit(mode, records, report, encoder, reserved=reserved)
+            return target, target.reindexer.submit(mode, records, report, encoder, reserved=reserved, lines=lines)
 
     def find_job(self, job_id: str) -> Job | None:
         """A job of any set, by id (ids are unique across sets)."""

@@ -37,7 +37,6 @@ from pydantic import (
 
 from app.schemas import CandidateId, Language, Strict, Tags, Turn
 from core.records import Candidate
-from index.candidates import RECORD_LINES
 
 Mode = Literal["replace", "append", "delete"]
 OnInvalid = Literal["reject", "skip"]
@@ -128,9 +127,9 @@ class Upload:
     skipped_count: int = 0
 
     def report(self) -> dict[str, Any]:
-        """The job's report. RECORD_LINES is the reindexer's, to name the lines of the duplicates it
-        finds against the stored candidates; it takes it out before the job is saved."""
-        return {"skipped": self.skipped_count, "skipped_records": self.skipped, RECORD_LINES: self.lines}
+        """What the job reports of the upload. Not `lines`: a line per record, too big to keep in the
+        job, goes to the job on its own, to name the lines of the duplicates it finds."""
+        return {"skipped": self.skipped_count, "skipped_records": self.skipped}
 
 
 @dataclass

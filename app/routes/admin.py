@@ -173,7 +173,9 @@ async def _submit(
     )
     # The limits on sets and candidates are counted, and the job submitted, in one step: a new set is
     # only made once the upload is known good, and a refused one leaves nothing behind.
-    _, job = await anyio.to_thread.run_sync(admin.admit, name, mode, parsed.records, parsed.report(), encoder)
+    _, job = await anyio.to_thread.run_sync(
+        admin.admit, name, mode, parsed.records, parsed.report(), encoder, parsed.lines
+    )
     logs.note(request.scope, job_id=job.id, records=len(parsed.records), skipped=parsed.skipped_count, set=name)
     return _accepted(name, job.id, job.state, mode, len(parsed.records), parsed.skipped_count)
 
