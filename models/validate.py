@@ -57,7 +57,7 @@ def encode(model: DualEncoder, tok: Tokenise, texts: list[str], side: str) -> to
 def dev_half_a(
     model: DualEncoder, tok: Tokenise, sets: dict[str, dict[str, list]], prefixes: tuple[str, str]
 ) -> dict[str, float]:
-    """R@1 over every distinct reply of each human dev set, on its half A (models/e5_pack.py):
+    """R@1 over every distinct reply of each human dev set, on its half A (models/e5/pack.py):
     what a choice between variants is made on. The served figure comes through the live API."""
     model.eval()
     result = {}

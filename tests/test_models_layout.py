@@ -12,10 +12,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # The recipe behind each shipped bundle, and what `make release` runs on it.
 RECIPES = {
-    "models/release/e5": ("models.multilingual", "models.teacher", "models.multilingual_release", "models.combiner"),
+    "models/release/e5": (
+        "models.e5.multilingual",
+        "models.e5.teacher",
+        "models.e5.multilingual_release",
+        "models.e5.combiner",
+    ),
     "models/release/minilm": ("models.pack", "models.script_student"),
     # The reaction model: its own tune, then the e5 recipe's bundle build.
-    "models/release/reactions": ("models.reaction_reader", "models.multilingual"),
+    "models/release/reactions": ("models.reaction_reader", "models.e5.multilingual"),
     "release": ("models.calibrate", "models.evaluate", "models.release"),
 }
 

@@ -1,4 +1,4 @@
-"""The combiner recipe (models/combiner.py): what it trains is what the service computes."""
+"""The combiner recipe (models/e5/combiner.py): what it trains is what the service computes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from core.context import Combiner, unit
-from models.combiner import CombinerConfig, Pairs, Table, TorchCombiner, reply_side, train
+from models.e5.combiner import CombinerConfig, Pairs, Table, TorchCombiner, reply_side, train
 
 pytestmark = pytest.mark.training
 

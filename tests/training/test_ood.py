@@ -110,7 +110,7 @@ def test_no_human_dev_pair_is_a_training_pair_and_halves_are_fixed_and_even() ->
 
 
 def test_the_teacher_trains_on_no_chatterbot_and_the_tracked_layers_did_not() -> None:
-    from models.teacher import TeacherConfig
+    from models.e5.teacher import TeacherConfig
     from models.trained_layers import RELEASE_LAYERS, read_release, saw_chatterbot
 
     assert not any("chatterbot" in name for name in asdict(TeacherConfig()))  # no switch to turn it on

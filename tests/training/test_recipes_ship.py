@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 
 from core.bundle import RELEASE_ROOT
+from models.e5.student import StudentConfig
+from models.e5.teacher import TeacherConfig
 from models.script_student import ScriptConfig
-from models.student import StudentConfig
-from models.teacher import TeacherConfig
 from models.trained_layers import MANIFEST_FILE, RELEASE_LAYERS
 
 pytestmark = pytest.mark.training
 
-STUDENT_RELEASE = Path(RELEASE_LAYERS).parent / "e5-l6-layers"  # models/student.py: release
+STUDENT_RELEASE = Path(RELEASE_LAYERS).parent / "e5-l6-layers"  # models/e5/student.py: release
 
 
 def test_the_teacher_target_trains_the_tracked_layers_settings() -> None:

@@ -1,6 +1,6 @@
-"""The recipe that ships, on a tiny model: e5's top layers tuned (`models.teacher`, on a tiny pack
+"""The recipe that ships, on a tiny model: e5's top layers tuned (`models.e5.teacher`, on a tiny pack
 whose random BERT stands in for the package's weights: tests/training/tiny_pack.py), the bundle
-built from them with its reaction classifier (`models.multilingual`), then index -> calibrate ->
+built from them with its reaction classifier (`models.e5.multilingual`), then index -> calibrate ->
 eval -> release -> serve. A tune killed mid-run and resumed ends where an unbroken one does. And
 the pieces every recipe shares: ranks and metrics, the losses, the batch plan, a bundle's checksums."""
 
@@ -19,16 +19,16 @@ from core.bundle import TOKENIZER_FILE, BundleError, open_bundle, read_manifest
 from core.encoder import Encoder
 from core.store import IndexStore
 from index.build import build_version, corpus_candidates
-from models import multilingual, teacher
 from models.batches import BatchPlan
 from models.calibrate import calibrate
-from models.e5_pack import Pack
+from models.e5 import multilingual, teacher
+from models.e5.multilingual_release import tune_source
+from models.e5.pack import Pack
+from models.e5.teacher import TeacherConfig
 from models.evalset import metrics, ranks
 from models.evaluate import evaluate_all
 from models.losses import both_ways_in_batch_negatives, in_batch_negatives
-from models.multilingual_release import tune_source
 from models.release import GATES, Evidence, ReleaseRefused, promote
-from models.teacher import TeacherConfig
 from models.trained_layers import LAYERS_FILE, overlay, read_layers, read_release, write_release
 from tests.helpers import settings_for
 from tests.training.tiny_bert import TEXTS
@@ -148,7 +148,7 @@ async def test_tune_build_index_calibrate_evaluate_release_and_serve(
     assert set(figures["dev_half_a"]) == set(e5_pack.texts()["dev_half_a"])  # type: ignore[arg-type]
     layers = read_layers(run / LAYERS_FILE)
     assert {name.split(".")[2] for name in layers} == {"1"}  # only the top layer trained
-    # As models/multilingual_release.py records a teacher run it promotes.
+    # As models/e5/multilingual_release.py records a teacher run it promotes.
     record = {"base": "the tiny pack", "trained_layers": 1, "alpha": 1.0, "source": tune_source(run)}
     write_release(tmp_path / "layers", layers, record)
     tracked, record = read_release(tmp_path / "layers")

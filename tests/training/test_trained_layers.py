@@ -1,6 +1,6 @@
 """The teacher's moving parts on tiny random BERTs: which layers learn, how the
 trained layers travel (file, checksum, overlay) and how a bundle built with
-them says so. The 12-layer run is `make multilingual-tune` (models/teacher.py)."""
+them says so. The 12-layer run is `make multilingual-tune` (models/e5/teacher.py)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ import torch
 from core.bundle import open_bundle, write_manifest
 from core.encoder import Encoder
 from models.batches import Tokenise
+from models.e5.multilingual import BundleSpec, build_bundle, built_with, tuned_spec
+from models.e5.multilingual_release import gates, korean_figures, translation_top1, tune_source
+from models.e5.teacher import freeze_below, trained_parameter_names
 from models.e5_weights import reference_forward
 from models.encoder import DualEncoder
-from models.multilingual import BundleSpec, build_bundle, built_with, tuned_spec
-from models.multilingual_release import gates, korean_figures, translation_top1, tune_source
 from models.parallel import PARALLEL
-from models.teacher import freeze_below, trained_parameter_names
 from models.trained_layers import compare, interpolate, overlay, read_release, write_release
 from tests.training.tiny_bert import TEXTS, tiny, tokenizer_path
 

@@ -1,5 +1,5 @@
 """Our written and translated Korean conversations: cut into pairs and kept apart
-from our evaluation sets; the e5 pack's Korean pairs (models/e5_pack.py)."""
+from our evaluation sets; the e5 pack's Korean pairs (models/e5/pack.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from core.text import Signature, near_copy
 from index.corpus import load_conversations, split_of
-from models.multilingual import BundleSpec
+from models.e5.multilingual import BundleSpec
 from models.written_korean import (
     TRANSLATED,
     WRITTEN,
@@ -67,7 +67,7 @@ def test_the_translations_come_from_chitchats_train_split_turn_for_turn() -> Non
 
 
 def test_each_file_brings_the_pack_over_a_thousand_korean_pairs() -> None:
-    spec = BundleSpec()  # as models/e5_pack.py cuts them: the bundle's turns and separator
+    spec = BundleSpec()  # as models/e5/pack.py cuts them: the bundle's turns and separator
     pairs = [written_korean_pairs(spec.max_context_turns, spec.turn_separator, path) for path in (WRITTEN, TRANSLATED)]
     assert min(len(p) for p in pairs) > 1000
 

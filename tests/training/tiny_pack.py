@@ -1,5 +1,5 @@
-"""A tiny e5 pack: the folder `models/e5_pack.py` writes and the teacher, the student and the poly
-head read (models/teacher.py, student.py, poly.py), small enough for a test. The tiny random
+"""A tiny e5 pack: the folder `models/e5/pack.py` writes and the teacher, the student and the poly
+head read (models/e5/teacher.py, student.py, poly.py), small enough for a test. The tiny random
 BERT of tiny_bert.py stands in for the package's weights, its word embeddings stored as 4-bit
 blocks as the real pack stores them; MiniLM's tokenizer stands in for the served vocabulary; and
 the pairs are conversations whose turns mostly stay on the topic of the turn before, in English
@@ -16,18 +16,18 @@ from pathlib import Path
 import numpy as np
 
 from core.bundle import TOKENIZER_FILE
-from models.e5_pack import META_FILE, TEXTS_FILE, WEIGHTS_FILE, Pack
+from models.e5.pack import META_FILE, TEXTS_FILE, WEIGHTS_FILE, Pack
 from models.e5_weights import BLOCK, BLOCK_BYTES
 from tests.training.tiny_bert import tiny, tokenizer_path
 
-RAW = "raw:"  # weights.npz's prefix of a tensor stored as 4-bit blocks (models/e5_pack.py)
+RAW = "raw:"  # weights.npz's prefix of a tensor stored as 4-bit blocks (models/e5/pack.py)
 TOPICS = ["dogs", "pizza", "hiking", "movies", "school", "music", "weather", "games", "travel", "work"]
 OPENERS = ["i like", "what about", "tell me about", "so"]
 REACTIONS = ["haha", "Hahahaha!", "yeah", "nice", "oh no", "cool!"]
 KOREAN_TOPICS = ["강아지", "피자", "등산", "영화", "학교", "음악", "날씨", "게임", "여행", "회사"]
 KOREAN_OPENERS = ["나는 좋아해", "그럼", "얘기해 줘", "음"]
 KOREAN_REACTIONS = ["ㅋㅋㅋ", "그렇구나", "좋다", "헐"]
-# The bundle's settings (models/multilingual.py: BundleSpec), as the real pack records them.
+# The bundle's settings (models/e5/multilingual.py: BundleSpec), as the real pack records them.
 SPEC = {
     "max_context_tokens": 128,
     "max_reply_tokens": 96,

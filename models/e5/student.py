@@ -1,8 +1,8 @@
 """The student: six of the teacher's twelve layers, distilled from it, then tuned on pairs.
 
-    python -m models.student --teacher models/release/multilingual-layers --device cuda
+    python -m models.e5.student --teacher models/release/multilingual-layers --device cuda
                                               # -> artifacts/student/layers.npz
-    python -m models.student --steps 2 --out /tmp/student       # a smoke run on the CPU
+    python -m models.e5.student --steps 2 --out /tmp/student    # a smoke run on the CPU
 
 Small and Practical BERT (Tsai et al., 2019) and Dialog-BERT: a student cut
 from the teacher's own layers keeps most of it if it is shown the teacher's
@@ -13,15 +13,15 @@ vectors on broad text and then the task. Here both happen in every step:
   so only its six layers are new weights;
 - distillation: the cosine distance between the student's and the frozen
   teacher's unit vectors, on broad text in both languages (prose, WordNet's
-  glosses, chat turns, the emotion sets' train splits; models/e5_pack.py), each
+  glosses, chat turns, the emotion sets' train splits; models/e5/pack.py), each
   text given the query or the passage prefix at random;
-- the task: in-batch negatives on (context, reply) pairs (models/teacher.py's
+- the task: in-batch negatives on (context, reply) pairs (models/e5/teacher.py's
   batches), plus the KL divergence from the teacher's in-batch score
   distribution to the student's, so the student learns which wrong replies the
   teacher found close, not only the right one.
 
 The output is the student's six layers (fp16, all of them: none is the
-package's) and what the run measured; `models/multilingual.py --student` builds
+package's) and what the run measured; `models/e5/multilingual.py --student` builds
 the int8 bundle from them.
 """
 
@@ -38,13 +38,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from models.e5_pack import OUT as PACK
-from models.e5_pack import Pack
+from models.e5.pack import OUT as PACK
+from models.e5.pack import Pack
+from models.e5.teacher import PairBatches, autocast, autocast_name, tokeniser
 from models.e5_weights import bert_body, keep_layers
 from models.encoder import DualEncoder
 from models.loop import run_steps
 from models.losses import in_batch_negatives
-from models.teacher import PairBatches, autocast, autocast_name, tokeniser
 from models.trained_layers import LAYERS_FILE, RELEASE_LAYERS, overlay, read_layers, read_release
 from models.validate import dev_half_a, validate
 
@@ -61,7 +61,7 @@ class StudentConfig:
     broad_batch: int = 128  # broad texts a step, distilled toward the teacher's vectors
     lr: float = 1e-4  # six freshly stacked layers move further than the teacher's top six did
     warmup_fraction: float = 0.05
-    scale: float = 50.0  # as the teacher's (models/teacher.py)
+    scale: float = 50.0  # as the teacher's (models/e5/teacher.py)
     # Weight of the cosine distance against the pair loss: the distance is ~0.01-0.1 once
     # the student is near, the pair loss ~1-3, so 10 keeps both in the gradient.
     distil_weight: float = 10.0
@@ -176,7 +176,7 @@ def train(
 
 def release(run: Path, folder: Path) -> None:
     """A student run -> a release folder: the six layers and a manifest recording the run (what
-    `models/multilingual.py --student` builds the bundle from)."""
+    `models/e5/multilingual.py --student` builds the bundle from)."""
     from models.trained_layers import write_release
 
     figures = json.loads((run / FIGURES_FILE).read_text())

@@ -57,7 +57,7 @@ from models.ood import half as half_of
 from models.ood import held_out_keys, human_set
 from models.written_korean import TRANSLATED, WRITTEN, written_conversations
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORK = ROOT / "artifacts" / "combiner"
 SHARED_TRAIN = ROOT.parent / "shared" / "data" / "train"
 MAX_TURNS = 8  # the most turns a variant reads: what the cache's pairs keep

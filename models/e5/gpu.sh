@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The e5 teacher and its student, in one call on a lent GPU:
 #
-#   bash models/gpu_e5.sh OUT_DIR [TEACHER_S STUDENT_S]
+#   bash models/e5/gpu.sh OUT_DIR [TEACHER_S STUDENT_S]
 #
-# It reads only artifacts/e5-pack (`python -m models.e5_pack`, built here first) and the
+# It reads only artifacts/e5-pack (`python -m models.e5.pack`, built here first) and the
 # image's torch stack. Three teacher variants train side by side (the GPU is far from
 # full with one); the one with the best mean R@1 on half A of the human dev sets is
-# distilled (models/teacher.py: choose). Each stage's outputs are copied to OUT_DIR as soon as they exist, so a run
+# distilled (models/e5/teacher.py: choose). Each stage's outputs are copied to OUT_DIR as soon as they exist, so a run
 # cut short still returns what it finished; files over the transfer's 16 MB come in parts
 # (`cat NAME.part-* > NAME`).
 set -uo pipefail
@@ -25,18 +25,18 @@ declare -A variants=(
 )
 for name in "${!variants[@]}"; do
   # shellcheck disable=SC2086
-  $py -m models.teacher --device cuda --out "artifacts/$name" --budget-s "$teacher_s" ${variants[$name]} \
+  $py -m models.e5.teacher --device cuda --out "artifacts/$name" --budget-s "$teacher_s" ${variants[$name]} \
     > "artifacts/logs/$name.log" 2>&1 &
 done
 wait
 tail -n 3 artifacts/logs/teacher-*.log
-best=$($py -m models.teacher --choose artifacts/teacher-l6 artifacts/teacher-l8 artifacts/teacher-l6-b128) || { logs; exit 1; }
+best=$($py -m models.e5.teacher --choose artifacts/teacher-l6 artifacts/teacher-l8 artifacts/teacher-l6-b128) || { logs; exit 1; }
 echo "chosen teacher: $best"
 cp "$best/layers.npz" artifacts/teacher.npz && keep artifacts/teacher.npz teacher.npz
 echo "$best" > artifacts/logs/chosen_teacher.txt
 logs
 
-$py -m models.student --teacher artifacts/teacher.npz --device cuda --budget-s "$student_s" \
+$py -m models.e5.student --teacher artifacts/teacher.npz --device cuda --budget-s "$student_s" \
   > artifacts/logs/student.log 2>&1
 tail -n 3 artifacts/logs/student.log
 [ -f artifacts/student/layers.npz ] && keep artifacts/student/layers.npz student.npz
