@@ -151,17 +151,17 @@ train-e5: baselines  ## tracked e5 layers -> trimmed int8 bundle -> index -> cal
 	$(PY) -m models.calibrate --bundle $(STUDENT) --judge $(JUDGE)
 	$(MAKE) eval STUDENT=$(STUDENT)
 
-# The MiniLM release's recipe (models/script_student.py): only the Korean rows train, 30 min on 2 CPU cores.
+# The MiniLM release's recipe (models/minilm/script_student.py): only the Korean rows train, 30 min on 2 CPU cores.
 train-script: pack judge  ## MiniLM + trained Korean rows -> int8 bundle -> index -> calibrate -> eval
-	$(PY) -m models.script_student --work artifacts/script-student
-	$(PY) -m models.script_student --work artifacts/script-student --export
+	$(PY) -m models.minilm.script_student --work artifacts/script-student
+	$(PY) -m models.minilm.script_student --work artifacts/script-student --export
 	$(PY) -m index --if-missing --bundle $(SCRIPT_STUDENT)
 	$(PY) -m models.calibrate --bundle $(SCRIPT_STUDENT) --judge $(JUDGE)
 	$(MAKE) eval STUDENT=$(SCRIPT_STUDENT)
 
-# What the MiniLM recipe reads (models/pack.py): texts, e5's trimmed rows and tokenizer, MiniLM's weights.
+# What the MiniLM recipe reads (models/minilm/pack.py): texts, e5's trimmed rows and tokenizer, MiniLM's weights.
 pack: $(VENV)/.multilingual  ## the MiniLM recipe's texts and weights in one folder -> artifacts/pack
-	$(PY) -m models.pack
+	$(PY) -m models.minilm.pack
 
 eval: judge  ## 1-of-100 report on held-out conversations -> reports/eval.{md,json}, reports/reliability.png
 	$(PY) -m models.export --fp32 --name minilm-l6-zeroshot-fp32 --if-missing
@@ -235,9 +235,9 @@ bench-load: install-train index  ## the service against a naive one under wrk ->
 # out of the bundle), then timed side by side with it: does another graph or precision pay here?
 PRECISION_BUILDS := script-student-fused-int8 script-student-fp32 script-student-fp32-fused
 bench-precision: pack  ## the release's weights as int8 / fused / fp32 builds on this CPU -> reports/precision.{md,json}
-	$(PY) -m models.script_student --work artifacts/script-rows --rows-from $(MINILM_RELEASE) --export --fuse --name script-student-fused-int8
-	$(PY) -m models.script_student --work artifacts/script-rows --export --fp32 --name script-student-fp32
-	$(PY) -m models.script_student --work artifacts/script-rows --export --fp32 --fuse --name script-student-fp32-fused
+	$(PY) -m models.minilm.script_student --work artifacts/script-rows --rows-from $(MINILM_RELEASE) --export --fuse --name script-student-fused-int8
+	$(PY) -m models.minilm.script_student --work artifacts/script-rows --export --fp32 --name script-student-fp32
+	$(PY) -m models.minilm.script_student --work artifacts/script-rows --export --fp32 --fuse --name script-student-fp32-fused
 	$(PY) -m bench.precision $(MINILM_RELEASE) $(addprefix artifacts/bundles/,$(PRECISION_BUILDS))
 
 bench-ann: install index  ## FAISS index choices: recall against exact search, size, speed -> reports/ann.{md,json}

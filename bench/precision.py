@@ -4,7 +4,7 @@ how far each strays from the first.
     python -m bench.precision BUNDLE [BUNDLE ...] [--queries 600] [--out reports/precision]
 
 The first bundle is the reference (the release, say), the others rebuilds of the same weights
-(`python -m models.script_student --rows-from ... --export [--fp32] [--no-fuse]`). Each build
+(`python -m models.minilm.script_student --rows-from ... --export [--fp32] [--no-fuse]`). Each build
 encodes the same held-out contexts of up to 3 turns (a seeded sample, as `make bench` draws),
 one at a time and then in batches of 64, the builds taking turns a block at a time with a pause
 between blocks, so that a noisy neighbour slows all of them alike (timed one bundle after another,

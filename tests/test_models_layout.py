@@ -18,7 +18,7 @@ RECIPES = {
         "models.e5.multilingual_release",
         "models.e5.combiner",
     ),
-    "models/release/minilm": ("models.pack", "models.script_student"),
+    "models/release/minilm": ("models.minilm.pack", "models.minilm.script_student"),
     # The reaction model: its own tune, then the e5 recipe's bundle build.
     "models/release/reactions": ("models.reaction_reader", "models.e5.multilingual"),
     "release": ("models.calibrate", "models.evaluate", "models.release"),

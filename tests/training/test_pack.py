@@ -1,4 +1,4 @@
-"""The MiniLM recipe's library (models/pack.py, models/align.py, models/loop.py): the pack's
+"""The MiniLM recipe's library (models/minilm/pack.py, models/align.py, models/loop.py): the pack's
 transport and texts, the maps between two models' spaces, and a step budget that a resume keeps."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 
 from models.align import fit_map, procrustes, shared_words
 from models.loop import run_steps
-from models.pack import TEXTS_FILE, PackTexts, from_int8, to_int8
+from models.minilm.pack import TEXTS_FILE, PackTexts, from_int8, to_int8
 
 pytestmark = pytest.mark.training
 

@@ -14,7 +14,7 @@ import pytest
 from core.bundle import RELEASE_ROOT
 from models.e5.student import StudentConfig
 from models.e5.teacher import TeacherConfig
-from models.script_student import ScriptConfig
+from models.minilm.script_student import ScriptConfig
 from models.trained_layers import MANIFEST_FILE, RELEASE_LAYERS
 
 pytestmark = pytest.mark.training

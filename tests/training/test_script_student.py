@@ -1,4 +1,4 @@
-"""MiniLM with new Korean rows (models/script_student.py): the pieces it adds, a
+"""MiniLM with new Korean rows (models/minilm/script_student.py): the pieces it adds, a
 tokenizer that reads English as MiniLM's does, and a student whose English is MiniLM's."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from tokenizers import Tokenizer
 
 from core.bundle import TOKENIZER_FILE
 from models.encoder import mean_pool, minilm_path
-from models.script_student import ScriptStudent, check_english, extend_tokenizer, korean_pieces
+from models.minilm.script_student import ScriptStudent, check_english, extend_tokenizer, korean_pieces
 from tests.training.tiny_bert import tiny
 
 pytestmark = pytest.mark.training
@@ -82,7 +82,7 @@ def test_the_student_reads_old_ids_as_the_body_does_and_trains_only_the_new_rows
 def test_the_minilm_bundle_serves_minilms_english_rows_and_its_korean_rows_can_be_read_back(tmp_path: Path) -> None:
     from core.bundle import RELEASE_ROOT, read_manifest
     from models.encoder import load_pretrained
-    from models.script_student import ROWS_FILE, rows_from_bundle, served_word_rows
+    from models.minilm.script_student import ROWS_FILE, rows_from_bundle, served_word_rows
 
     minilm_bundle = RELEASE_ROOT / "minilm"  # the shipped bundle this student made
     table, step = served_word_rows(minilm_bundle)  # [V + K, D]
@@ -100,7 +100,7 @@ def test_a_rebuild_is_compared_with_the_release_piece_by_piece_not_id_by_id(tmp_
     import shutil
 
     from core.bundle import RELEASE_ROOT
-    from models.script_student import compare
+    from models.minilm.script_student import compare
 
     release = RELEASE_ROOT / "minilm"
     same = compare(release, release)
@@ -123,7 +123,7 @@ def test_translated_korean_maps_to_the_chitchat_turns_it_translates_and_nothing_
     import json
 
     from index.corpus import load_conversations
-    from models.script_student import english_originals
+    from models.minilm.script_student import english_originals
     from models.written_korean import TRANSLATED
 
     row = json.loads(TRANSLATED.read_text(encoding="utf-8").splitlines()[0])

@@ -1,10 +1,11 @@
 """all-MiniLM-L6-v2 as it ships for English, with new rows that read Korean.
 
-    python -m models.script_student --work artifacts/script-student              # train, judge, resumable
-    python -m models.script_student --work artifacts/script-student --export     # -> an int8 bundle
-    python -m models.script_student --work DIR --rows-from models/release/minilm --export [--fp32] [--fuse]
+    python -m models.minilm.script_student --work artifacts/script-student       # train, judge, resumable
+    python -m models.minilm.script_student --work artifacts/script-student --export  # -> an int8 bundle
+    python -m models.minilm.script_student --work DIR --rows-from models/release/minilm --export [--fp32] [--fuse]
         # the shipped rows, re-exported under another graph or precision, without the training run
-    python -m models.script_student --compare artifacts/bundles/script-student-int8   # a rebuild against the release
+    python -m models.minilm.script_student --compare artifacts/bundles/script-student-int8
+        # a rebuild against the release
 
 Two students before this one (docs/experiments.md: the 9-layer e5 student and MiniLM's
 layers over e5's tokens) found that a student reading one
@@ -64,7 +65,7 @@ from models.export import ExportConfig, export_with_reactions
 from models.hardware import hardware
 from models.judge import encode_all, judge, pooled
 from models.loop import run_steps
-from models.pack import MINILM_DIR, STUDENT_TOKENIZER, WORD_EMBEDDINGS, Pack
+from models.minilm.pack import MINILM_DIR, STUDENT_TOKENIZER, WORD_EMBEDDINGS, Pack
 from models.written_korean import TRANSLATED
 
 TOKENIZER_FILE = "tokenizer.json"

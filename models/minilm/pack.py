@@ -1,7 +1,7 @@
-"""Everything the MiniLM recipe (models/script_student.py) reads, in one folder: made where the
+"""Everything the MiniLM recipe (models/minilm/script_student.py) reads, in one folder: made where the
 offline packages are installed, read wherever the training runs (`Pack`).
 
-    python -m models.pack          # -> artifacts/pack (~56 MiB)
+    python -m models.minilm.pack   # -> artifacts/pack (~56 MiB)
 
 The folder holds:
 
