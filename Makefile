@@ -262,14 +262,14 @@ bench-reaction-share: install index  ## where the reaction share starts on a new
 # written into BUNDLE (its checksum changes, its encoder does not); then the gate on it.
 BUNDLE ?= models/release/e5
 train-reactions: install-train  ## the reaction head for BUNDLE -> BUNDLE/reactions.npz and its manifest (a few minutes)
-	$(PY) -m models.reaction_head --bundle $(BUNDLE)
+	$(PY) -m models.reactions.head --bundle $(BUNDLE)
 bench-reactions: install-train  ## the reaction gate on BUNDLE -> reports/reactions.{md,json}
 	$(PY) -m bench.reaction_gate --bundle $(BUNDLE)
-# The reaction model every set's fallback reads the last turn with (models/reaction_reader.py): e5-small's
+# The reaction model every set's fallback reads the last turn with (models/reactions/reader.py): e5-small's
 # top 6 layers tuned on the head's training texts, int8, its head and gates fitted there. About 40 min on
 # 2 CPU cores, resumable; PROMOTE=1 tracks it in models/release/reactions.
 train-reaction-reader: $(VENV)/.multilingual  ## the reaction model -> artifacts/reaction-reader/bundle
-	$(PY) -m models.reaction_reader $(if $(PROMOTE),--promote)
+	$(PY) -m models.reactions.reader $(if $(PROMOTE),--promote)
 
 chaos: install-dev index  ## faults, overload and hostile input -> reports/chaos.{md,json} (about 26 min)
 	$(PY) -m bench.chaos

@@ -42,8 +42,8 @@ from bench.live_eval import wait
 from bench.service import cpu_description, free_port
 from core.bundle import RELEASE_BUNDLE, open_bundle
 from models.ood import ReplySet, available_human, available_sts, chatterbot_set, human_set, sts_set
-from models.reaction_classes import REACTION_CLASSES, verdict
-from models.reaction_head import near_duplicate_key, reaction_key
+from models.reactions.classes import REACTION_CLASSES, verdict
+from models.reactions.head import near_duplicate_key, reaction_key
 from models.trained_layers import saw_chatterbot
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,7 +160,7 @@ def reaction_class(text: str) -> str | None:
 
 def labelled_reactions(client: httpx.Client, language: str) -> dict[str, Any]:
     """Our labelled utterances that call for a reaction: how often the reaction served fits, and how
-    many are wrong, by models/reaction_classes.py's verdicts (bench/reaction_gate.py's, on the model alone)."""
+    many are wrong, by models/reactions/classes.py's verdicts (bench/reaction_gate.py's, on the model alone)."""
     rows = [json.loads(line) for line in LABELLED_REACTIONS.read_text(encoding="utf-8").splitlines() if line.strip()]
     rows = [r for r in rows if r["language"] == language]
     fits = wrong = unanswered = 0

@@ -11,7 +11,7 @@ would serve, the user's own words never said back):
 
 1. **The labelled set** (bench/data/reactions_labelled.jsonl): each line's
    reaction is *fits*, *neutral* or *wrong* by the table in
-   models/reaction_classes.py, per language, on half A (the recipe chose its
+   models/reactions/classes.py, per language, on half A (the recipe chose its
    gates there), half B and all. The bar: no wrong reaction, at least 80% fit.
 2. **The held-out test splits** (never trained or chosen on; the labelled
    set's own lines left out): on each text clearly bad news or clearly good
@@ -46,9 +46,9 @@ from bench.reaction_share import SHARE, Start, confidences, replay, turns_of, up
 from core.confidence import WARMUP_TURNS
 from core.machine import cpu
 from core.retriever import Avoid, Serving, conversation_script, reaction
-from models import emotions
-from models.reaction_classes import CLASS_NAMES, REACTION_CLASSES, STANCE_AXES, verdict
-from models.reaction_head import LABELLED, emotion_split, encode_cached, labelled_lines, side_of_class
+from models.reactions import emotions
+from models.reactions.classes import CLASS_NAMES, REACTION_CLASSES, STANCE_AXES, verdict
+from models.reactions.head import LABELLED, emotion_split, encode_cached, labelled_lines, side_of_class
 
 ROOT = Path(__file__).resolve().parents[1]
 FIT_BAR = 0.80  # the issue's: at least 80% of the labelled turns get a reaction that fits, none a wrong one
@@ -64,7 +64,7 @@ def class_of(text: str) -> str | None:
 def read_vectors(serving: Serving, texts: list[str]) -> np.ndarray:
     """[N, D] what the reaction classifier reads of each one-turn conversation: the turn through the
     reaction model's encoder, or the bundle's context vector. Each read alone, as a lone request is
-    (models.reaction_head.encode_cached says why it matters)."""
+    (models.reactions.head.encode_cached says why it matters)."""
     assert serving.reactions is not None
     reader = serving.reactions.reader
     if reader is not None:
@@ -208,7 +208,7 @@ def markdown(report: dict[str, Any]) -> str:
     cpu = report["cpu"]["model"]
     lines = [
         f"`{report['command']}` on {cpu}, {report['cores']} cores. Each turn answered by the service's reaction "
-        "path; the verdicts by the table in models/reaction_classes.py ([docs/reactions.md](../docs/reactions.md)).",
+        "path; the verdicts by the table in models/reactions/classes.py ([docs/reactions.md](../docs/reactions.md)).",
         "",
         f"**Labelled turns** ({LABELLED.relative_to(ROOT)}; gates chosen on half A). Bar: 0 wrong, "
         f"fits >= {FIT_BAR:.0%}.",

@@ -1,6 +1,6 @@
 """The reaction fallback: a small classifier over the context vector and its gates, in numpy.
 
-The classes and their weights are trained offline (`models/reaction_head.py`,
+The classes and their weights are trained offline (`models/reactions/head.py`,
 docs/reactions.md) and ship in the bundle, so serving needs no torch. What
 answers, in order:
 

@@ -37,7 +37,7 @@ from core.encoder import OUTPUT_NAMES, POLY_OUTPUT, Encoder
 from core.files import staged_dir
 from models.encoder import DualEncoder, load_pretrained, minilm_path
 from models.fusion import fuse_bert
-from models.reaction_head import ReactionModel
+from models.reactions.head import ReactionModel
 
 ONNX_OPSET = 17
 # Dynamic int8 spreads a ~1% cosine error over all layers of MiniLM (no single
@@ -339,8 +339,8 @@ def export_with_reactions(
     model: DualEncoder, config: ExportConfig, bundles: Path, korean_replies: list[str]
 ) -> tuple[Path, dict[str, Any]]:
     """The int8 bundle, parity-gated on English turns and 64 of `korean_replies`, with the
-    reaction model (models/reaction_head.py); returns it and the reaction recipe's record."""
-    from models.reaction_head import install, train_reactions
+    reaction model (models/reactions/head.py); returns it and the reaction recipe's record."""
+    from models.reactions.head import install, train_reactions
 
     rng = np.random.default_rng(13)
     korean = [korean_replies[i] for i in rng.choice(len(korean_replies), 64, replace=False)]

@@ -20,7 +20,7 @@ RECIPES = {
     ),
     "models/release/minilm": ("models.minilm.pack", "models.minilm.script_student"),
     # The reaction model: its own tune, then the e5 recipe's bundle build.
-    "models/release/reactions": ("models.reaction_reader", "models.e5.multilingual"),
+    "models/release/reactions": ("models.reactions.reader", "models.e5.multilingual"),
     "release": ("models.calibrate", "models.evaluate", "models.release"),
 }
 

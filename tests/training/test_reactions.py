@@ -1,4 +1,4 @@
-"""The reaction recipe (models/reaction_head.py) on a tiny bundle and a tiny emotion set: it learns the
+"""The reaction recipe (models/reactions/head.py) on a tiny bundle and a tiny emotion set: it learns the
 table's classes, chooses gates by its rule, and writes a head the service loads, into a bundle
 whose manifest still checks out."""
 
@@ -15,9 +15,9 @@ import pytest
 from core.bundle import REACTIONS_FILE, open_bundle
 from core.encoder import Encoder
 from core.reactions import ReactionClassifier
-from models import emotions
-from models.reaction_classes import CLASS_NAMES, FALLBACK, MIRRORS, REACTION_CLASSES
-from models.reaction_head import ReactionConfig, install, train_reactions
+from models.reactions import emotions
+from models.reactions.classes import CLASS_NAMES, FALLBACK, MIRRORS, REACTION_CLASSES
+from models.reactions.head import ReactionConfig, install, train_reactions
 
 pytestmark = pytest.mark.training
 

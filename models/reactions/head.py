@@ -1,6 +1,6 @@
 """The reaction model of a bundle: trained on labelled emotions, gated, and written into the bundle.
 
-    python -m models.reaction_head --bundle models/release/e5      # or: make train-reactions BUNDLE=...
+    python -m models.reactions.head --bundle models/release/e5     # or: make train-reactions BUNDLE=...
 
 One command for any bundle directory (docs/reactions.md): it encodes the
 emotion sets' train splits and our written trigger lines with the bundle's
@@ -9,7 +9,7 @@ fits a small head over those vectors, chooses its gates, and writes
 reactions.npz and the manifest's `reactions` (the bundle's checksum changes
 with it; its encoder does not, so retrieval is untouched).
 
-- **Classes** (models/reaction_classes.py): each labelled text teaches the
+- **Classes** (models/reactions/classes.py): each labelled text teaches the
   class its kind trains (sadness -> "oh no, I'm sorry"); every class weighs
   alike, and within one each language, and within that, each source.
 - **Valence**: a logistic direction, good news against bad, learned from every
@@ -48,8 +48,8 @@ from core.bundle import REACTIONS_FILE, ReactionSpec, read_manifest, seal, write
 from core.encoder import Encoder
 from core.reactions import ReactionClassifier, first_answers, guarded, stance_axes
 from core.text import normalize
-from models import emotions
-from models.reaction_classes import (
+from models.reactions import emotions
+from models.reactions.classes import (
     CLASS_NAMES,
     FALLBACK,
     KINDS,
@@ -60,7 +60,7 @@ from models.reaction_classes import (
     verdict,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRIGGERS = ROOT / "models" / "data" / "reaction_triggers.jsonl"
 LABELLED = ROOT / "bench" / "data" / "reactions_labelled.jsonl"
 CACHE = ROOT / "artifacts" / "reactions"

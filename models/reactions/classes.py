@@ -1,6 +1,6 @@
 """The reactions a bundle can answer with, what kind of turn each answers, and how labelled emotions map to them.
 
-One table, in three parts, read by the recipe (models/reaction_head.py), the gate
+One table, in three parts, read by the recipe (models/reactions/head.py), the gate
 (bench/reaction_gate.py) and the tests, and shown in docs/reactions.md:
 
 1. `REACTION_CLASSES`: a fixed set of short reactions, none of which commits to

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EMOTIONS_DIR = Path(os.environ.get("CHITCHAT_EMOTIONS_DIR", ROOT.parent / "shared" / "data" / "emotions"))
 
-# source -> (file, language); the source names are those models.reaction_classes.EMOTION_LABELS maps.
+# source -> (file, language); the source names are those models.reactions.classes.EMOTION_LABELS maps.
 FILES = {
     "goemotions": ("goemotions_en.jsonl.gz", "en"),
     "kote": ("kote_ko.jsonl.gz", "ko"),
