@@ -43,7 +43,7 @@ from bench.service import cpu_description, free_port
 from core.bundle import RELEASE_BUNDLE, open_bundle
 from models.ood import ReplySet, available_human, available_sts, chatterbot_set, human_set, sts_set
 from models.reactions.classes import REACTION_CLASSES, verdict
-from models.reactions.head import near_duplicate_key, reaction_key
+from models.reactions.mining import near_duplicate_key, reaction_key
 from models.trained_layers import saw_chatterbot
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -48,7 +48,9 @@ from core.machine import cpu
 from core.retriever import Avoid, Serving, conversation_script, reaction
 from models.reactions import emotions
 from models.reactions.classes import CLASS_NAMES, REACTION_CLASSES, STANCE_AXES, verdict
-from models.reactions.head import LABELLED, emotion_split, encode_cached, labelled_lines, side_of_class
+from models.reactions.examples import LABELLED, emotion_split, labelled_lines
+from models.reactions.scoring import side_of_class
+from models.reactions.vectors import encode_cached
 
 ROOT = Path(__file__).resolve().parents[1]
 FIT_BAR = 0.80  # the issue's: at least 80% of the labelled turns get a reaction that fits, none a wrong one
@@ -64,7 +66,7 @@ def class_of(text: str) -> str | None:
 def read_vectors(serving: Serving, texts: list[str]) -> np.ndarray:
     """[N, D] what the reaction classifier reads of each one-turn conversation: the turn through the
     reaction model's encoder, or the bundle's context vector. Each read alone, as a lone request is
-    (models.reactions.head.encode_cached says why it matters)."""
+    (models.reactions.vectors.encode_cached says why it matters)."""
     assert serving.reactions is not None
     reader = serving.reactions.reader
     if reader is not None:

@@ -37,7 +37,7 @@ from core.encoder import OUTPUT_NAMES, POLY_OUTPUT, Encoder
 from core.files import staged_dir
 from models.encoder import DualEncoder, load_pretrained, minilm_path
 from models.fusion import fuse_bert
-from models.reactions.head import ReactionModel
+from models.reactions.model import ReactionModel
 
 ONNX_OPSET = 17
 # Dynamic int8 spreads a ~1% cosine error over all layers of MiniLM (no single

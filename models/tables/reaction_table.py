@@ -10,7 +10,7 @@ import numpy as np
 from core.encoder import Encoder
 from core.reactions import ReactionClassifier
 from index.corpus import load_pairs
-from models.reactions.head import ReactionSet
+from models.reactions.mining import ReactionSet
 
 
 def figures(bundle_dir: Path, encoder: Encoder, path: Path | None = None) -> dict[str, float]:

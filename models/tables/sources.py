@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from models.reactions.head import ReactionSet
+from models.reactions.mining import ReactionSet
 from models.tables import cell
 from models.walk import SOURCES, WalkFeatures, utility
 

@@ -12,7 +12,7 @@ from core.text import normalize
 from index.corpus import load_pairs
 from models.broad_text import GLOSS_SHARES, BroadText, prose_sentences, wordnet_glosses
 from models.ood import STS_DIR, available_human, available_sts, chatterbot_set, half, held_out_keys, human_set, sts_set
-from models.reactions.head import reaction_key
+from models.reactions.mining import reaction_key
 from models.written_korean import TRANSLATED, WRITTEN, written_conversations
 
 pytestmark = pytest.mark.training

@@ -17,7 +17,8 @@ from core.encoder import Encoder
 from core.reactions import ReactionClassifier
 from models.reactions import emotions
 from models.reactions.classes import CLASS_NAMES, FALLBACK, MIRRORS, REACTION_CLASSES
-from models.reactions.head import ReactionConfig, install, train_reactions
+from models.reactions.head import install, train_reactions
+from models.reactions.model import ReactionConfig
 
 pytestmark = pytest.mark.training
 
