@@ -48,13 +48,13 @@ class MiningConfig:
 
 
 @dataclass(frozen=True)
-class ReactionSet:
+class ReactionKeys:
     labels: list[str]  # [C] the surface form served for each class
     merge_keys: list[str]  # [C]
     coverage: float  # share of the replies that fall in a class
 
     @classmethod
-    def from_labels(cls, labels: Sequence[str]) -> ReactionSet:
+    def from_labels(cls, labels: Sequence[str]) -> ReactionKeys:
         """Rebuilt from a bundle's labels: each label is a member of its own class."""
         return cls(list(labels), [near_duplicate_key(reaction_key(label)) for label in labels], float("nan"))
 
@@ -64,7 +64,7 @@ class ReactionSet:
         return np.array([index.get(near_duplicate_key(reaction_key(r)), -1) for r in replies], dtype=np.int64)
 
 
-def mine(replies: Sequence[str], config: MiningConfig = MiningConfig()) -> ReactionSet:
+def mine(replies: Sequence[str], config: MiningConfig = MiningConfig()) -> ReactionKeys:
     """Frequent short replies, near-duplicates merged; the number of classes
     follows from the coverage floor in `config`, not from a fixed count."""
     counts: Counter[str] = Counter()
@@ -80,4 +80,4 @@ def mine(replies: Sequence[str], config: MiningConfig = MiningConfig()) -> React
     kept = [(k, n) for k, n in counts.most_common() if n >= floor]
     labels = [surfaces[k].most_common(1)[0][0] for k, _ in kept]
     coverage = sum(n for _, n in kept) / max(1, len(replies))
-    return ReactionSet(labels, [k for k, _ in kept], round(coverage, 4))
+    return ReactionKeys(labels, [k for k, _ in kept], round(coverage, 4))

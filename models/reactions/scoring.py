@@ -24,7 +24,7 @@ def side_of_class(name: str | None) -> int:
 
 
 @dataclass
-class Scored:
+class HeadScores:
     """What the gates act on, computed once: the head's probabilities, each class's lean and the
     valence (log-odds of good news)."""
 
@@ -35,7 +35,7 @@ class Scored:
     pole: np.ndarray  # [C]
 
     @classmethod
-    def of(cls, classifier: ReactionClassifier, vectors: np.ndarray) -> Scored:
+    def of(cls, classifier: ReactionClassifier, vectors: np.ndarray) -> HeadScores:
         row = list(STANCE_AXES).index("valence")
         valence = vectors @ classifier.axes[row] + classifier.axis_bias[row]  # [N]
         return cls(
@@ -97,7 +97,7 @@ def choose_gates(
     classifier = model.classifier()
     vectors, kinds, languages = labelled
     dev_vectors, dev_sides, dev_sources = dev
-    scored, dev_scored = Scored.of(classifier, vectors), Scored.of(classifier, dev_vectors)
+    scored, dev_scored = HeadScores.of(classifier, vectors), HeadScores.of(classifier, dev_vectors)
     by_language = {lang: np.array(languages) == lang for lang in sorted(set(languages))}
     dev_by_source = {name: np.array(dev_sources) == name for name in config.side_sources if name in dev_sources}
     table = verdict_table(kinds)  # [N, C + 1]

@@ -10,7 +10,7 @@ import numpy as np
 from core.encoder import Encoder
 from core.reactions import ReactionClassifier
 from index.corpus import load_pairs
-from models.reactions.mining import ReactionSet
+from models.reactions.mining import ReactionKeys
 
 
 def figures(bundle_dir: Path, encoder: Encoder, path: Path | None = None) -> dict[str, float]:
@@ -20,7 +20,7 @@ def figures(bundle_dir: Path, encoder: Encoder, path: Path | None = None) -> dic
         return {}
     classifier = ReactionClassifier.load(bundle_dir, m.reactions, encoder)
     pairs = load_pairs("test", m.max_context_turns, path)
-    labels = ReactionSet.from_labels(m.reactions.labels).classify([p.reply for p in pairs])  # [N]
+    labels = ReactionKeys.from_labels(m.reactions.labels).classify([p.reply for p in pairs])  # [N]
     windows = [list(p.context) for p, label in zip(pairs, labels, strict=True) if label >= 0]
     if not windows:
         return {}

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from models.reactions.mining import ReactionSet
+from models.reactions.mining import ReactionKeys
 from models.tables import cell
 from models.walk import SOURCES, WalkFeatures, utility
 
@@ -20,7 +20,7 @@ def figures(
     true replies and the share of them off topic; and how reply matching
     would have done on those same turns (off topic, R@1), which says how
     reliable retrieval was where each source answered."""
-    truth = ReactionSet.from_labels(reaction_labels).classify(replies)  # [N], -1: not a reaction
+    truth = ReactionKeys.from_labels(reaction_labels).classify(replies)  # [N], -1: not a reaction
     predicted = np.array([reaction_labels.index(a) if a in reaction_labels else -2 for a in f.answers["reaction"]])
     off_topic = {s: f.judged[s] < f.off_topic_below for s in SOURCES}  # [N] each
     per_source = []
