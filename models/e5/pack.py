@@ -58,7 +58,7 @@ EMOTION_SAMPLE = 20000  # texts per emotion file: enough variety, and the pack s
 
 
 @dataclass(frozen=True)
-class Pack:
+class E5Pack:
     """A written pack, read back: no package beyond torch's own stack is needed."""
 
     folder: Path
@@ -219,7 +219,7 @@ def build(out: Path, seed: int = 0) -> dict[str, Any]:
     return meta
 
 
-def shrink(pack: Pack, out: Path, rows: int = 300) -> Pack:
+def shrink(pack: E5Pack, out: Path, rows: int = 300) -> E5Pack:
     """A copy of `pack` with `rows` texts a list, 100 validation turns and 200 dev replies: what a
     smoke run of the recipes on the CPU reads (the same code path, minutes not hours)."""
     import shutil
@@ -248,7 +248,7 @@ def shrink(pack: Pack, out: Path, rows: int = 300) -> Pack:
         }
     with gzip.open(out / TEXTS_FILE, "wt", encoding="utf-8") as f:
         json.dump(small, f, ensure_ascii=False)
-    return Pack(out)
+    return E5Pack(out)
 
 
 def main() -> None:
@@ -258,7 +258,7 @@ def main() -> None:
     parser.add_argument("--shrink", type=Path, help="write a smoke-run copy of the pack at --out here")
     args = parser.parse_args()
     if args.shrink:
-        shrink(Pack(args.out), args.shrink)
+        shrink(E5Pack(args.out), args.shrink)
         return
     if args.if_missing and (args.out / META_FILE).is_file():
         print(f"[e5-pack] {args.out} exists; skipping")

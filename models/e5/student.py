@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from models.e5.pack import OUT as PACK
-from models.e5.pack import Pack
+from models.e5.pack import E5Pack
 from models.e5.teacher import PairBatches, autocast, autocast_name, tokeniser
 from models.e5_weights import bert_body, keep_layers
 from models.encoder import DualEncoder
@@ -76,7 +76,7 @@ class StudentConfig:
     probed_total: int = 765
 
 
-def teacher_weights(pack: Pack, teacher: Path):
+def teacher_weights(pack: E5Pack, teacher: Path):
     """The pack's weights with a teacher's trained layers over them: a release folder or a run's layers.npz."""
     layers = read_release(teacher)[0] if teacher.is_dir() else read_layers(teacher)
     return overlay(pack.weights(), layers)
@@ -84,7 +84,7 @@ def teacher_weights(pack: Pack, teacher: Path):
 
 def train(
     cfg: StudentConfig,
-    pack: Pack,
+    pack: E5Pack,
     teacher_path: Path,
     out: Path,
     device: str,
@@ -202,7 +202,7 @@ def main() -> None:
         release(args.out, args.release)
         return
     cfg = StudentConfig(**{name: getattr(args, name) for name in asdict(defaults) if name != "keep"})
-    run = train(cfg, Pack(args.pack), args.teacher, args.out, args.device, args.budget_s, args.bf16)
+    run = train(cfg, E5Pack(args.pack), args.teacher, args.out, args.device, args.budget_s, args.bf16)
     print(json.dumps(run, indent=2))
 
 

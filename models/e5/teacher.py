@@ -37,7 +37,7 @@ import torch
 from models.batches import BatchPlan, Tokenise
 from models.dataset import TrainPairs
 from models.e5.pack import OUT as PACK
-from models.e5.pack import Pack
+from models.e5.pack import E5Pack
 from models.e5_weights import bert_body
 from models.encoder import DualEncoder
 from models.loop import run_steps
@@ -109,7 +109,7 @@ def autocast_name(device: str, bf16: bool) -> str:
 class PairBatches:
     """English and Korean (prefixed contexts, prefixed replies) batches, a function of the step."""
 
-    def __init__(self, pack: Pack, batch_size: int, length_group: int, korean_every: int, seed: int) -> None:
+    def __init__(self, pack: E5Pack, batch_size: int, length_group: int, korean_every: int, seed: int) -> None:
         spec = pack.meta["spec"]
         self.query, self.passage = spec["query_prefix"], spec["passage_prefix"]
         self.english = pack.pairs("en") + pack.pairs("persona-en")
@@ -137,13 +137,13 @@ class PairBatches:
         return [self.query + c for c in contexts], [self.passage + r for r in replies]
 
 
-def tokeniser(pack: Pack) -> Tokenise:
+def tokeniser(pack: E5Pack) -> Tokenise:
     spec = pack.meta["spec"]
     return Tokenise(pack.tokenizer, spec["max_context_tokens"], spec["max_reply_tokens"], spec["query_prefix"])
 
 
 def train(
-    cfg: TeacherConfig, pack: Pack, out: Path, device: str, budget_s: float | None, bf16: bool = False
+    cfg: TeacherConfig, pack: E5Pack, out: Path, device: str, budget_s: float | None, bf16: bool = False
 ) -> dict[str, object]:
     torch.manual_seed(cfg.seed)
     model = DualEncoder(bert_body(pack.weights())).to(device)
@@ -239,7 +239,7 @@ def main() -> None:
         print(choose(args.choose))
         return
     cfg = TeacherConfig(**{name: getattr(args, name) for name in asdict(defaults)})
-    print(json.dumps(train(cfg, Pack(args.pack), args.out, args.device, args.budget_s, args.bf16), indent=2))
+    print(json.dumps(train(cfg, E5Pack(args.pack), args.out, args.device, args.budget_s, args.bf16), indent=2))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Everything the MiniLM recipe (models/minilm/script_student.py) reads, in one folder: made where the
-offline packages are installed, read wherever the training runs (`Pack`).
+offline packages are installed, read wherever the training runs (`MiniLMPack`).
 
     python -m models.minilm.pack   # -> artifacts/pack (~56 MiB)
 
@@ -235,7 +235,7 @@ def build(out: Path, separator: str = SEPARATOR, max_context_turns: int = MAX_CO
     return out
 
 
-class Pack:
+class MiniLMPack:
     """A pack folder, read: its texts, e5's weights and MiniLM's, as BertModels."""
 
     def __init__(self, folder: Path) -> None:

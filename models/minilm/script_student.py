@@ -65,7 +65,7 @@ from models.export import ExportConfig, export_with_reactions
 from models.hardware import hardware
 from models.judge import encode_all, judge, pooled
 from models.loop import run_steps
-from models.minilm.pack import MINILM_DIR, STUDENT_TOKENIZER, WORD_EMBEDDINGS, Pack
+from models.minilm.pack import MINILM_DIR, STUDENT_TOKENIZER, WORD_EMBEDDINGS, MiniLMPack
 from models.written_korean import TRANSLATED
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -161,7 +161,7 @@ class ScriptStudent(nn.Module):
         return F.normalize(mean_pool(hidden, mask), dim=-1)
 
 
-def start_rows(pack: Pack, pieces: dict[str, list[int]], minilm_words: torch.Tensor) -> torch.Tensor:
+def start_rows(pack: MiniLMPack, pieces: dict[str, list[int]], minilm_words: torch.Tensor) -> torch.Tensor:
     """[K, D] the new rows' start: e5's rows (the mean where several spell one piece) through the map."""
     e5_words = torch.from_numpy(pack.e5[WORD_EMBEDDINGS])  # [V', De]
     e5_tok = Tokenizer.from_file(str(pack.folder / STUDENT_TOKENIZER))
@@ -172,7 +172,7 @@ def start_rows(pack: Pack, pieces: dict[str, list[int]], minilm_words: torch.Ten
     return torch.stack([e5_words[ids].mean(0) for ids in pieces.values()]) @ word_map  # [K, D]
 
 
-def korean_texts(pack: Pack, seed: int) -> tuple[list[tuple[str, str]], list[str]]:
+def korean_texts(pack: MiniLMPack, seed: int) -> tuple[list[tuple[str, str]], list[str]]:
     """(context, reply) pairs joined with MiniLM's separator, and the broad Korean texts, shuffled."""
     texts = pack.texts
     pairs = [
@@ -187,7 +187,9 @@ def korean_texts(pack: Pack, seed: int) -> tuple[list[tuple[str, str]], list[str
 
 
 @torch.no_grad()
-def teacher_targets(pack: Pack, cfg: ScriptConfig, texts: list[str], english: list[str]) -> tuple[torch.Tensor, float]:
+def teacher_targets(
+    pack: MiniLMPack, cfg: ScriptConfig, texts: list[str], english: list[str]
+) -> tuple[torch.Tensor, float]:
     """[N, D] e5's vectors of `texts` rotated into MiniLM's space, and the rotation's mean cosine on `english`."""
     e5 = pack.e5_body(tuple(range(pack.meta["e5_shape"]["layers"]))).eval()
     minilm = pack.minilm_body().eval()
@@ -208,7 +210,7 @@ def teacher_targets(pack: Pack, cfg: ScriptConfig, texts: list[str], english: li
     return encode_all(e5_encode, texts, False) @ rotation, fit
 
 
-def english_sample(pack: Pack, count: int, seed: int) -> list[str]:
+def english_sample(pack: MiniLMPack, count: int, seed: int) -> list[str]:
     texts = [t for pool in ENGLISH_POOLS for t in pack.texts.broad.get(pool, [])]
     random.Random(seed).shuffle(texts)
     return texts[:count]
@@ -228,7 +230,7 @@ def english_originals(texts: list[str], separator: str, minilm_separator: str) -
 
 
 @torch.no_grad()
-def translation_targets(pack: Pack, texts: list[str], targets: torch.Tensor) -> tuple[torch.Tensor, int]:
+def translation_targets(pack: MiniLMPack, texts: list[str], targets: torch.Tensor) -> tuple[torch.Tensor, int]:
     """`targets` [N, D] with each row whose text translates chitchat replaced by MiniLM's vector of
     the English original; and how many were replaced."""
     english = english_originals(texts, pack.texts.separator, pack.texts.minilm_separator)
@@ -241,7 +243,7 @@ def translation_targets(pack: Pack, texts: list[str], targets: torch.Tensor) -> 
     return targets, len(rows)
 
 
-def train(pack: Pack, cfg: ScriptConfig, work: Path) -> dict[str, Any]:
+def train(pack: MiniLMPack, cfg: ScriptConfig, work: Path) -> dict[str, Any]:
     torch.manual_seed(cfg.seed)
     minilm_tokenizer = pack.folder / MINILM_DIR / TOKENIZER_FILE
     e5_vocab = Tokenizer.from_file(str(pack.folder / STUDENT_TOKENIZER)).get_vocab()
@@ -380,7 +382,7 @@ def rows_from_bundle(bundle: Path, work: Path) -> None:
     (work / "run.json").write_text(json.dumps(training | {"rows_from": str(bundle)}, indent=1))
 
 
-def export(pack: Pack, work: Path, bundles: Path, name: str, quantize: bool = True, fuse: bool = False) -> Path:
+def export(pack: MiniLMPack, work: Path, bundles: Path, name: str, quantize: bool = True, fuse: bool = False) -> Path:
     """The int8 bundle: the package's MiniLM (not the pack's rounded copy) with the trained rows
     appended, parity-gated, with the reaction classifier fitted on its served vectors.
     `quantize=False` writes the fp32 graph instead (a speed baseline, never served on its own).
@@ -448,7 +450,7 @@ def main() -> None:
     if args.rows_from:
         rows_from_bundle(args.rows_from, args.work)
     if args.export:
-        print(export(Pack(args.pack), args.work, args.bundles, args.name, not args.fp32, args.fuse))
+        print(export(MiniLMPack(args.pack), args.work, args.bundles, args.name, not args.fp32, args.fuse))
         return
     cfg = ScriptConfig(
         steps=args.steps,
@@ -456,7 +458,7 @@ def main() -> None:
         probed_total=None if args.new_probe else ScriptConfig.probed_total,
         translation_targets=args.translation_targets,
     )
-    figures = train(Pack(args.pack), cfg, args.work)
+    figures = train(MiniLMPack(args.pack), cfg, args.work)
     (args.work / "run.json").write_text(json.dumps(figures, indent=1))
     print(json.dumps({k: v for k, v in figures.items() if k != "config"}, indent=1))
 

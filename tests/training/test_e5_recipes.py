@@ -19,7 +19,7 @@ import pytest
 from core.bundle import open_bundle
 from models.e5 import multilingual, student, teacher
 from models.e5 import pack as e5_pack
-from models.e5.pack import META_FILE, WEIGHTS_FILE, Pack
+from models.e5.pack import META_FILE, WEIGHTS_FILE, E5Pack
 from models.e5.student import StudentConfig
 from models.e5.teacher import PairBatches, TeacherConfig
 from models.e5_weights import BertShape, dequantize_q4
@@ -36,14 +36,14 @@ TINY_STUDENT = StudentConfig(
 
 
 @pytest.fixture(scope="module")
-def teacher_run(e5_pack: Pack, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def teacher_run(e5_pack: E5Pack, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("teacher")
     teacher.train(TINY_TEACHER, e5_pack, out, "cpu", None)
     return out
 
 
 @pytest.fixture(scope="module")
-def student_run(e5_pack: Pack, teacher_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def student_run(e5_pack: E5Pack, teacher_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("student")
     student.train(TINY_STUDENT, e5_pack, teacher_run / LAYERS_FILE, out, "cpu", None)
     return out
@@ -61,7 +61,7 @@ def test_the_pack_dequantises_raw_blocks_as_the_package_reader_does(tmp_path: Pa
     meta = {"shape": shape.__dict__, "columns": {"dense.weight": columns}, "spec": SPEC}
     (tmp_path / META_FILE).write_text(json.dumps(meta))
 
-    weights = Pack(tmp_path).weights()
+    weights = E5Pack(tmp_path).weights()
     assert weights.shape == shape and set(weights.tensors) == {"dense.weight", "dense.bias"}
     expected = dequantize_q4(raw.reshape(-1)).reshape(rows, columns)  # [3, 64]
     np.testing.assert_array_equal(weights.tensors["dense.weight"], expected)
@@ -110,7 +110,7 @@ def test_a_pack_names_no_chatterbot_source_and_its_builder_never_reads_the_corpu
         assert "models.chatterbot" not in source and "train_pairs" not in source, recipe.__name__
 
 
-def test_every_korean_every_th_batch_is_korean_and_one_pass_covers_the_english_pairs(e5_pack: Pack) -> None:
+def test_every_korean_every_th_batch_is_korean_and_one_pass_covers_the_english_pairs(e5_pack: E5Pack) -> None:
     batches = PairBatches(e5_pack, batch_size=8, length_group=4, korean_every=4, seed=0)
     english, korean = batches.english, batches.korean
     assert len(english) == e5_pack.meta["pairs"]["en"] + e5_pack.meta["pairs"]["persona-en"]
@@ -154,7 +154,7 @@ def test_the_student_starts_from_the_kept_teacher_layers_and_writes_only_them(
     assert 0 < max(moved) < 0.01
 
 
-def test_a_bf16_student_run_trains_and_says_so(e5_pack: Pack, teacher_run: Path, tmp_path: Path) -> None:
+def test_a_bf16_student_run_trains_and_says_so(e5_pack: E5Pack, teacher_run: Path, tmp_path: Path) -> None:
     # bf16 autocast on the CPU (a CPU with AVX512-BF16 halves a step): the loss stays finite and the
     # figures record the arithmetic, so a rebuild knows which it replays.
     figures = student.train(TINY_STUDENT, e5_pack, teacher_run / LAYERS_FILE, tmp_path, "cpu", None, bf16=True)
@@ -166,7 +166,7 @@ def test_a_bf16_student_run_trains_and_says_so(e5_pack: Pack, teacher_run: Path,
 
 
 def test_a_student_release_builds_the_l6_bundle(
-    e5_pack: Pack, student_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    e5_pack: E5Pack, student_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     folder = tmp_path / "e5-l6-layers"
     student.release(student_run, folder)

@@ -23,7 +23,7 @@ from models.batches import BatchPlan
 from models.calibrate import calibrate
 from models.e5 import multilingual, teacher
 from models.e5.multilingual_release import tune_source
-from models.e5.pack import Pack
+from models.e5.pack import E5Pack
 from models.e5.teacher import TeacherConfig
 from models.evalset import metrics, ranks
 from models.evaluate import evaluate_all
@@ -112,7 +112,7 @@ def test_a_bundle_whose_files_do_not_match_its_manifest_is_refused(artifacts: Pa
 
 
 def test_a_tune_killed_mid_run_resumes_to_where_an_unbroken_one_ends(
-    e5_pack: Pack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    e5_pack: E5Pack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     straight = teacher.train(TINY_TEACHER, e5_pack, tmp_path / "straight", "cpu", None)
     real_loss, calls = teacher.in_batch_negatives, {"n": 0}
@@ -137,7 +137,7 @@ def test_a_tune_killed_mid_run_resumes_to_where_an_unbroken_one_ends(
 
 @pytest.mark.anyio
 async def test_tune_build_index_calibrate_evaluate_release_and_serve(
-    e5_pack: Pack, corpus: Path, tmp_path: Path
+    e5_pack: E5Pack, corpus: Path, tmp_path: Path
 ) -> None:
     run = tmp_path / "teacher"
     figures = teacher.train(TINY_TEACHER, e5_pack, run, "cpu", None)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from core.bundle import TOKENIZER_FILE
-from models.e5.pack import META_FILE, TEXTS_FILE, WEIGHTS_FILE, Pack
+from models.e5.pack import META_FILE, TEXTS_FILE, WEIGHTS_FILE, E5Pack
 from models.e5_weights import BLOCK, BLOCK_BYTES
 from tests.training.tiny_bert import tiny, tokenizer_path
 
@@ -97,7 +97,9 @@ def _dev_set(conversations: list[list[str]], separator: str, turns: int) -> dict
     return {"contexts": contexts, "gold": gold, "replies": replies}
 
 
-def write_tiny_pack(folder: Path, seed: int = 2, raw: tuple[str, ...] = ("embeddings.word_embeddings.weight",)) -> Pack:
+def write_tiny_pack(
+    folder: Path, seed: int = 2, raw: tuple[str, ...] = ("embeddings.word_embeddings.weight",)
+) -> E5Pack:
     """A pack at `folder`: the tiny BERT of `tiny(30522, seed)` (the `raw` tensors as 4-bit blocks),
     MiniLM's tokenizer, English and Korean pairs, broad text, 100 validation turns, two dev sets."""
     _, weights = tiny(vocab_size=30522, seed=seed)
@@ -149,4 +151,4 @@ def write_tiny_pack(folder: Path, seed: int = 2, raw: tuple[str, ...] = ("embedd
         "sources": {"weights": f"tests/training/tiny_bert.py: tiny(30522, {seed})", "pairs": "topical_conversations"},
     }
     (folder / META_FILE).write_text(json.dumps(meta, indent=2))
-    return Pack(folder)
+    return E5Pack(folder)
