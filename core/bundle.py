@@ -29,7 +29,8 @@ ENCODER_FILE = "encoder.onnx"
 TOKENIZER_FILE = "tokenizer.json"
 REACTIONS_FILE = "reactions.npz"
 COMBINER_FILE = "combiner.npz"
-PAYLOAD_FILES = (ENCODER_FILE, TOKENIZER_FILE, REACTIONS_FILE, COMBINER_FILE)
+VALENCE_FILE = "valence.npz"
+PAYLOAD_FILES = (ENCODER_FILE, TOKENIZER_FILE, REACTIONS_FILE, COMBINER_FILE, VALENCE_FILE)
 # The newest format this code reads. 3: a bundle with a combiner, which a reader of format 2 would
 # serve joined with the per-turn calibration; a bundle without one is written as PLAIN_FORMAT.
 FORMAT_VERSION = 3
@@ -130,6 +131,25 @@ class CombinerSpec:
 
 
 @dataclass
+class ValenceSpec:
+    """A reaction model's valence (core/valence.py): logistic heads over a text's hashed n-grams and
+    over the model's vector of it, weights in VALENCE_FILE; the margins are log-odds, chosen on dev texts."""
+
+    bits: int = 20  # n-grams hashed into 2**bits buckets (VALENCE_FILE keeps only the weights it needs)
+    orders: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])  # character n-gram lengths
+    words: bool = True  # words and word pairs too
+    # The log-odds at or past which a turn takes a side, for a turn without Hangul and with it.
+    sure: list[float] = field(default_factory=lambda: [2.2, 2.2])
+    reply_sure: list[float] = field(default_factory=lambda: [2.2, 2.2])  # a stored reply, likewise
+    # The mood guard acts before a turn is sure (a wrong cheer costs more than a cheerful reply passed
+    # over): a turn whose lean, in units of `sure`, is at or below -hold_cheer[script] gets no clearly
+    # cheerful reply; one at or above +hold_sympathy[script], no clearly sympathetic one.
+    hold_cheer: list[float] = field(default_factory=lambda: [1.0, 1.0])
+    hold_sympathy: list[float] = field(default_factory=lambda: [1.0, 1.0])
+    training: dict[str, Any] = field(default_factory=dict)  # recipe, data, figures on dev and test
+
+
+@dataclass
 class JoinedWay:
     """A bundle with a combiner serves per-turn, with the top-level thresholds and confidence model
     fitted that way. Served joined instead (Settings.joined_context), it takes these: fitted on
@@ -160,6 +180,7 @@ class BundleManifest:
     confidence: ConfidenceSpec | None = None
     combiner: CombinerSpec | None = None  # the per-turn way, where the bundle has COMBINER_FILE
     joined: JoinedWay | None = None  # with a combiner: the joined way's calibration
+    valence: ValenceSpec | None = None  # a reaction model's good-news reading, where it has VALENCE_FILE
     # How the thresholds were fitted: objective, data, figures at the optimum.
     calibration: dict[str, Any] = field(default_factory=dict)
     parity: dict[str, float] = field(default_factory=dict)
@@ -192,6 +213,7 @@ class BundleManifest:
             ("reactions", ReactionSpec),
             ("confidence", ConfidenceSpec),
             ("combiner", CombinerSpec),
+            ("valence", ValenceSpec),
         )
         for name, spec in specs:
             if raw.get(name) is not None:
