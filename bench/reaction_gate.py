@@ -45,6 +45,7 @@ from bench import reports
 from bench.reaction_share import SHARE, Start, confidences, replay, turns_of, uploaded
 from core.confidence import WARMUP_TURNS
 from core.machine import cpu
+from core.mood import TurnReading
 from core.retriever import Avoid, Serving, conversation_script, reaction
 from models.reactions import emotions
 from models.reactions.classes import CLASS_NAMES, REACTION_CLASSES, STANCE_AXES, verdict
@@ -79,7 +80,8 @@ def first_reactions(serving: Serving, texts: list[str]) -> list[str | None]:
     vectors = encode_cached(serving.encoder, [serving.encoder.join_context([t]) for t in texts], alone=True)  # [N, D]
     out = []
     for text, vector in zip(texts, vectors, strict=True):
-        hits = reaction(serving, text, vector, 1, Avoid.of([text]), conversation_script([text]))
+        reading = TurnReading(text, serving.reactions, vector)
+        hits = reaction(serving, reading, vector, 1, Avoid.of([text]), conversation_script([text]))
         out.append(class_of(hits[0].text) if hits else None)
     return out
 
@@ -153,7 +155,12 @@ def share(model: Model, settings: Settings, turns: int) -> list[dict[str, Any]]:
             vectors = serving.encoder.encode([serving.encoder.join_context(w) for w in window], "context")  # [T, D]
             answered = np.array(
                 [
-                    bool(f and reaction(serving, w[-1], v, 1, Avoid.of(w), conversation_script(w)))
+                    bool(
+                        f
+                        and reaction(
+                            serving, TurnReading(w[-1], serving.reactions, v), v, 1, Avoid.of(w), conversation_script(w)
+                        )
+                    )
                     for f, v, w in zip(fired, vectors, window, strict=True)
                 ]
             )

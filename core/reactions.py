@@ -28,6 +28,7 @@ import numpy as np
 
 from core.bundle import REACTIONS_FILE, BundleError, ReactionSpec, open_bundle
 from core.encoder import Encoder
+from core.valence import Valence
 
 
 @dataclass(frozen=True)
@@ -53,10 +54,14 @@ class ReactionClassifier:
     guard_axis: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     guard_pole: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     guard_lean: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    axis_names: list[str] = field(default_factory=list)  # [A] the spec's axes, in order
     fallback: int = -1  # the class served when none is sure; -1: none
     # A reaction model's own encoder: the classifier reads the last turn through it. None: it reads
     # the context vector of the bundle that retrieves.
     reader: Encoder | None = None
+    # A reaction model's valence model (core/valence.py). Where there is one, the "valence" axis leans by
+    # its `turn_lean` for the turn, which every caller passes, and a side needs a lean of 1.
+    valence: Valence | None = None
 
     @classmethod
     def reading(cls, bundle_dir: Path, intra_op_threads: int = 0) -> ReactionClassifier:
@@ -66,7 +71,24 @@ class ReactionClassifier:
         if manifest.kind != "reactions" or manifest.reactions is None:
             raise BundleError(f"{bundle_dir} is not a reaction model (kind {manifest.kind!r})")
         reader = Encoder(bundle_dir, manifest, intra_op_threads)
-        return replace(cls.load(bundle_dir, manifest.reactions, reader), reader=reader)
+        loaded = replace(cls.load(bundle_dir, manifest.reactions, reader), reader=reader)
+        return loaded.with_valence(Valence.load(bundle_dir, manifest.valence)) if manifest.valence else loaded
+
+    def with_valence(self, valence: Valence) -> ReactionClassifier:
+        """This classifier with its valence axis read from `valence`, in units of its margin
+        (`Valence.turn_lean`): a stance and a guard on that axis need a lean of 1."""
+        axis = self.valence_axis
+        if axis < 0:
+            raise ValueError("a valence model for a classifier with no valence axis")
+        margin = self.axis_margin.copy() if len(self.axis_margin) else np.full(len(self.axes), self.margin, np.float32)
+        margin[axis] = 1.0
+        lean = np.where(self.guard_axis == axis, 1.0, self.guard_lean).astype(np.float32)
+        return replace(self, valence=valence, axis_margin=margin, guard_lean=lean)
+
+    @property
+    def valence_axis(self) -> int:
+        """The row of `axes` that is valence; -1 where there is none."""
+        return self.axis_names.index("valence") if "valence" in self.axis_names else -1
 
     def vector(self, turn: str, context_vector: np.ndarray) -> np.ndarray:
         """[D] what the classifier reads for a conversation whose last turn is `turn` and whose
@@ -130,6 +152,7 @@ class ReactionClassifier:
             guard_axis=np.array([g[0] for g in guards], np.int64),
             guard_pole=np.array([g[1] for g in guards], np.float32),
             guard_lean=np.array([g[2] for g in guards], np.float32),
+            axis_names=names,
         )
 
     @property
@@ -150,11 +173,21 @@ class ReactionClassifier:
         exp = np.exp(logits)
         return np.asarray(exp / exp.sum(axis=1, keepdims=True))
 
-    def raw_leans(self, contexts: np.ndarray) -> np.ndarray:
-        """contexts: [N, D] -> [N, C] how far each context leans each class's way on its axis
-        (meaningless where a class takes no side)."""
+    def projected(self, contexts: np.ndarray, valence: np.ndarray | None = None) -> np.ndarray:
+        """contexts: [N, D], valence: [N] the valence model's leans (`Valence.turn_lean`, where the
+        classifier has one) -> [N, A] each context's place on each axis."""
         bias = self.axis_bias if len(self.axis_bias) else np.zeros(len(self.axes), np.float32)  # [A]
-        return leans(self.axes, self.axis_of, self.pole, contexts, bias)
+        projected = contexts @ self.axes.T + bias  # [N, A]
+        if self.valence is not None:
+            if valence is None:
+                raise ValueError("this classifier's valence comes from its valence model: pass its lean")
+            projected[:, self.valence_axis] = valence
+        return np.asarray(projected)
+
+    def raw_leans(self, contexts: np.ndarray, valence: np.ndarray | None = None) -> np.ndarray:
+        """contexts: [N, D] -> [N, C] how far each context leans each class's way on its axis
+        (meaningless where a class takes no side). valence: as `projected`."""
+        return np.asarray(self.projected(contexts, valence)[:, np.maximum(self.axis_of, 0)] * self.pole)
 
     @property
     def class_margins(self) -> np.ndarray:
@@ -162,33 +195,36 @@ class ReactionClassifier:
         margin = self.axis_margin if len(self.axis_margin) else np.full(len(self.axes), self.margin)  # [A]
         return np.where(self.axis_of >= 0, margin[np.maximum(self.axis_of, 0)] if len(margin) else 0.0, 0.0)
 
-    def allowed_all(self, contexts: np.ndarray) -> np.ndarray:
+    def allowed_all(self, contexts: np.ndarray, valence: np.ndarray | None = None) -> np.ndarray:
         """contexts: [N, D] -> [N, C] whether each class may answer each context: it takes no side,
-        or the context leans its way by at least its axis's margin."""
+        or the context leans its way by at least its axis's margin. valence: as `projected`."""
         if not len(self.axes):
             return np.ones((len(contexts), len(self.labels)), dtype=bool)
-        allowed = (self.axis_of < 0) | (self.raw_leans(contexts) >= self.class_margins)  # [N, C]
+        projected = self.projected(contexts, valence)  # [N, A]
+        leaning = projected[:, np.maximum(self.axis_of, 0)] * self.pole  # [N, C]
+        allowed = (self.axis_of < 0) | (leaning >= self.class_margins)  # [N, C]
         if len(self.guard_axis):
-            bias = self.axis_bias if len(self.axis_bias) else np.zeros(len(self.axes), np.float32)  # [A]
-            toward = (contexts @ self.axes[self.guard_axis].T + bias[self.guard_axis]) * self.guard_pole  # [N, G]
+            toward = projected[:, self.guard_axis] * self.guard_pole  # [N, G]
             allowed &= guarded(
                 toward, self.guard_lean, self.guard_axis, self.guard_pole, self.axis_of, self.pole, self.fallback
             )
         return np.asarray(allowed)
 
-    def allowed(self, context: np.ndarray) -> np.ndarray:
+    def allowed(self, context: np.ndarray, valence: float | None = None) -> np.ndarray:
         """context: [D] -> [C], as `allowed_all`."""
-        return np.asarray(self.allowed_all(context[None, :])[0])
+        odds = None if valence is None else np.array([valence], np.float32)
+        return np.asarray(self.allowed_all(context[None, :], odds)[0])
 
-    def answers(self, contexts: np.ndarray) -> np.ndarray:
+    def answers(self, contexts: np.ndarray, valence: np.ndarray | None = None) -> np.ndarray:
         """contexts: [N, D] -> [N] the class each is answered with first, as `top` orders them."""
-        return first_answers(self.probabilities(contexts), self.allowed_all(contexts), self.floors, self.fallback)
+        allowed = self.allowed_all(contexts, valence)
+        return first_answers(self.probabilities(contexts), allowed, self.floors, self.fallback)
 
-    def top(self, context: np.ndarray, k: int) -> list[tuple[int, float]]:
+    def top(self, context: np.ndarray, k: int, valence: float | None = None) -> list[tuple[int, float]]:
         """context: [D] -> up to k (class, probability), best first: the allowed and sure classes by
-        probability, then the fallback (when the bundle names one)."""
+        probability, then the fallback (when the bundle names one). valence: as `projected`, for one."""
         probs = self.probabilities(context[None, :])[0]  # [C]
-        ok = self.allowed(context) & (probs >= self.floors if len(self.floors) else True)  # [C]
+        ok = self.allowed(context, valence) & (probs >= self.floors if len(self.floors) else True)  # [C]
         best = [int(c) for c in np.argsort(-probs, kind="stable") if ok[c]]
         if self.fallback >= 0 and self.fallback not in best:
             best.append(self.fallback)
@@ -222,17 +258,6 @@ def first_answers(probs: np.ndarray, allowed: np.ndarray, floors: np.ndarray, fa
     ok = allowed & (probs >= floors[None, :]) if len(floors) else allowed  # [N, C]
     best = np.argmax(np.where(ok, probs, -1.0), axis=1)  # [N]
     return np.where(ok.any(axis=1), best, fallback)
-
-
-def leans(
-    axes: np.ndarray, axis_of: np.ndarray, pole: np.ndarray, contexts: np.ndarray, bias: np.ndarray | None = None
-) -> np.ndarray:
-    """How far each context leans each class's way on its axis: axes [A, D], axis_of, pole [C],
-    contexts [N, D], bias [A] (None: zeros) -> [N, C] (meaningless where a class takes no side: axis_of < 0)."""
-    projected = contexts @ axes.T  # [N, A]
-    if bias is not None:
-        projected = projected + bias
-    return np.asarray(projected[:, np.maximum(axis_of, 0)] * pole)  # [N, C]
 
 
 def stance_of(spec: ReactionSpec) -> tuple[np.ndarray, np.ndarray]:

@@ -25,6 +25,7 @@ from core.context import Combiner
 from core.encoder import Encoder
 from core.filters import Admitted, Filter, Side, admitted
 from core.laps import Laps, lap
+from core.mood import MoodGuard, TurnReading
 from core.reactions import ReactionClassifier
 from core.reranker import PolyReranker
 from core.store import IndexVersion
@@ -148,11 +149,14 @@ class Avoid:
     """What no candidate may be: a reply excluded by its normalised text (the
     bot's recent replies in a session) or by its id (a request's `exclude_ids`),
     or a near copy of a turn of the conversation (the user's own words said
-    back). Dropped after the search, which fetches `len(avoid)` hits deeper."""
+    back), or a stored reply whose mood is the opposite of the turn's clear one
+    (`mood`: cheer to bad news). Dropped after the search, which fetches
+    `len(avoid)` hits deeper."""
 
     texts: frozenset[str] = frozenset()
     turns: tuple[Signature, ...] = ()
     ids: frozenset[str] = frozenset()
+    mood: MoodGuard | None = None
 
     @classmethod
     def of(cls, turns: list[str], excluded: set[str] | None = None, ids: frozenset[str] = frozenset()) -> Avoid:
@@ -161,8 +165,9 @@ class Avoid:
     def __len__(self) -> int:
         return len(self.texts) + len(self.turns) + len(self.ids)
 
-    def blocks(self, text: str, id: str = "") -> bool:
-        if id in self.ids:
+    def blocks(self, text: str, id: str = "", row: int = -1) -> bool:
+        """row: the hit's stored reply row, which `mood` reads; -1 for a reaction."""
+        if id in self.ids or (self.mood is not None and row >= 0 and self.mood.blocks(row)):
             return True
         normalized = normalize(text)
         return normalized in self.texts or echoes(normalized, self.turns, normalized=True)
@@ -173,7 +178,7 @@ def distinct(hits: list[Scored], k: int, avoid: Avoid) -> list[Scored]:
     seen: set[int] = set()
     out = []
     for hit in hits:
-        if hit.reply_row in seen or avoid.blocks(hit.text, hit.id):
+        if hit.reply_row in seen or avoid.blocks(hit.text, hit.id, hit.reply_row):
             continue
         seen.add(hit.reply_row)
         out.append(hit)
@@ -245,7 +250,7 @@ def in_script(hits: list[Scored], script: str | None, avoid: Avoid | None = None
         h
         for h in hits
         if ((latin and h.text.isascii()) or script_of([h.text]) in (script, None))
-        and (avoid is None or not avoid.blocks(h.text, h.id))
+        and (avoid is None or not avoid.blocks(h.text, h.id, h.reply_row))
     ]
     return same or hits
 
@@ -353,17 +358,16 @@ def reply_matching(
 
 def reaction(
     serving: Serving,
-    turn: str,
+    reading: TurnReading | None,
     context_vector: np.ndarray,
     k: int,
     avoid: Avoid,
     script: str | None,
     rule: Filter | None = None,
-    turn_vector: np.ndarray | None = None,
 ) -> list[Scored]:
     """The reactions that fit this context best, from a set that speaks its language (`script`: the
-    conversation's, `conversation_script`). `turn`: the last turn, what a reaction model reads;
-    `turn_vector`, what the bundle's own head reads (default: the context vector).
+    conversation's, `conversation_script`). `reading`: the last turn as the classifier reads it (a
+    reaction model: through its own encoder, with its valence; the bundle's own head: its vector).
 
     Reactions uploaded with the candidates come first, nearest to the context
     vector (score: the cosine); else the classifier (score: the class
@@ -379,14 +383,15 @@ def reaction(
             Scored(-1, index.reaction_ids[rows[i]], index.reaction_texts[rows[i]], float(scores[i]), "reaction")
             for i in order
         ]
-    elif (language := serving.classifier_language(script, rule)) is not None and serving.reactions is not None:
-        classifier = serving.reactions
+    elif (
+        (language := serving.classifier_language(script, rule)) is not None
+        and reading is not None
+        and (classifier := serving.reactions) is not None
+    ):
         labels = classifier.labels_in(language)
         hits = [
             Scored(-1, f"reaction:{c}", labels[c], p, "reaction")
-            for c, p in classifier.top(
-                classifier.vector(turn, context_vector if turn_vector is None else turn_vector), len(classifier.labels)
-            )
+            for c, p in classifier.top(reading.vector(), len(classifier.labels), reading.lean())
         ]
     else:
         return []
@@ -457,6 +462,9 @@ def walk_in(serving: Serving, request: WalkRequest, language: str | None) -> Ans
     # Tags and language select rows in the search; excluded ids are dropped after it (core/filters.py).
     only = admitted(serving.index, searched) if searched else None
     avoid = replace(request.avoid, ids=request.avoid.ids | rule.exclude_ids) if rule else request.avoid
+    reading = turn_reading(serving, request)
+    if reading is not None and serving.index.reply_moods is not None:
+        avoid = replace(avoid, mood=MoodGuard(serving.index.reply_moods, reading))
     can_react = "reaction" in allowed and serving.reactions_apply(script, rule)
     query_hits: Callable[[], list[Scored]] | None = None  # the fallback's: rarely needed, so searched only then
     if "query_similarity" in allowed and request.query_vector is not None:
@@ -468,7 +476,7 @@ def walk_in(serving: Serving, request: WalkRequest, language: str | None) -> Ans
         # best first, so the first under the threshold ends the look: no hit after it could answer.
         at_least = thresholds.query_similarity
         looked = query_hits(narrow=True, at_least=at_least)
-        best = next((h for h in looked if h.score < at_least or not avoid.blocks(h.text, h.id)), None)
+        best = next((h for h in looked if h.score < at_least or not avoid.blocks(h.text, h.id, h.reply_row)), None)
         if best is not None and best.score >= at_least:
             hits = distinct(query_hits(), k, avoid)
             if hits and hits[0].score >= at_least:
@@ -495,8 +503,8 @@ def walk_in(serving: Serving, request: WalkRequest, language: str | None) -> Ans
                 return Answer(matched[0], matched[:k], reranked, confidence)
     if can_react and vector is not None:
         with lap(request.laps, "reactions"):
-            read = request.turn_vector if request.turn_vector is not None else vector
-            reactions = reaction(serving, request.window[-1], vector, k, avoid, script, rule, read)
+            read = reading or turn_reading(serving, request, vector)
+            reactions = reaction(serving, read, vector, k, avoid, script, rule)
         if reactions:
             # The retrieved replies it passed over are the alternatives worth showing.
             shown = [reactions[0], *matched][:k] if matched else reactions
@@ -505,6 +513,17 @@ def walk_in(serving: Serving, request: WalkRequest, language: str | None) -> Ans
         return Answer(matched[0], matched[:k], request.poly_vectors is not None, confidence)
     fallback = distinct(query_hits(), k, avoid) if query_hits else []
     return Answer(fallback[0], fallback) if fallback else None
+
+
+def turn_reading(serving: Serving, request: WalkRequest, vector: np.ndarray | None = None) -> TurnReading | None:
+    """The last turn as the reaction classifier reads it, where it has a valence model (what the mood
+    guard reads) or where `vector` is given (a reaction answers). The bundle's own head reads the
+    turn's vector where the per-turn way has one, else the context's."""
+    classifier = serving.reactions
+    if classifier is None or (classifier.valence is None and vector is None):
+        return None
+    own = request.turn_vector if request.turn_vector is not None else request.context_vector
+    return TurnReading(request.window[-1], classifier, own if own is not None else vector)
 
 
 def search_queries(serving: Serving, vector: np.ndarray, k: int) -> tuple[list[float], list[int]]:

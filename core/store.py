@@ -60,6 +60,9 @@ REACTION_INDEX = "reactions.faiss"  # only when the upload brought reactions
 # [S, D] float32 context vectors a build checked its reply graph's recall with (`index.build`): an
 # append reuses them rather than encode them again. A version from before them has none.
 PROBES = "probes.npy"
+# The stored replies' valence (core/valence.py): [R] log-odds and the digest of the valence model that
+# scored them. A version without it, or scored by another model, is scored when it loads.
+REPLY_VALENCE = "reply_valence.npz"
 # Text compresses about 3:1 and is read once per load: gzip keeps a version of ~100k candidates under 150 MB.
 TABLES = "candidates.json.gz"
 RECORDS = "records.jsonl.gz"
@@ -192,6 +195,11 @@ class IndexVersion:
     # about 0.997 through the 8-bit codes, under a calibrated threshold near 1;
     # looking it up by text gives it the 1.0 its fp32 cosine is.
     query_rows_by_text: dict[str, list[int]] = field(default_factory=dict)
+    # (digest of the valence model, [R] log-odds) as the build scored the replies; None: not scored.
+    reply_valence: tuple[str, np.ndarray] | None = None
+    # [R] int8 each stored reply's clear side (+1 cheerful, -1 sad, 0 neither), which the mood guard
+    # reads (core/mood.py); set once where the version is served with a valence model.
+    reply_moods: np.ndarray | None = None
     # What `core.filters` derives from this version once and reuses: compiled filters, ids -> rows.
     memo: Memo = field(default_factory=Memo, repr=False)
     # Filters' admitted rows copied into flat indexes (`filters.exact_subset`): at most
@@ -328,6 +336,19 @@ class IndexStore:
         with (staging / PROBES).open("wb") as f:
             np.save(f, probes.astype(np.float32))
 
+    def write_reply_valence(self, staging: Path, digest: str, log_odds: np.ndarray) -> None:
+        """[R] the stored replies' valence log-odds by the valence model `digest` names (REPLY_VALENCE)."""
+        with (staging / REPLY_VALENCE).open("wb") as f:
+            np.savez(f, log_odds=log_odds.astype(np.float16), digest=np.array(digest))
+
+    def reply_valence(self, version: str) -> tuple[str, np.ndarray] | None:
+        """(digest, [R] float32 log-odds) of the version's REPLY_VALENCE; None without one, or unreadable."""
+        try:
+            with np.load(self.path(version) / REPLY_VALENCE) as saved:
+                return str(saved["digest"]), saved["log_odds"].astype(np.float32)
+        except (OSError, ValueError, KeyError):
+            return None
+
     def probes(self, version: str) -> np.ndarray | None:
         """[S, D] the version's PROBES; None for a version from before them, or an unreadable file."""
         try:
@@ -403,6 +424,7 @@ class IndexStore:
             reply_language_rows=_arrays(tables.reply_language_rows),
             reaction_vectors=ann.vectors_of(faiss.read_index(str(reactions))) if reactions.is_file() else None,
             query_rows_by_text=_rows_by_text(tables.query_texts),
+            reply_valence=self.reply_valence(version),
         )
 
 

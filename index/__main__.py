@@ -18,10 +18,11 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from core.bundle import RELEASE_BUNDLE, open_bundle
+from core.bundle import RELEASE_BUNDLE, RELEASE_REACTIONS, open_bundle
 from core.encoder import Encoder
 from core.store import IndexStore
 from core.text import normalize
+from core.valence import Valence
 from index.build import DEFAULT_SOURCE, ENGLISH_SOURCE, build_version, default_candidates
 from index.encode_cache import EncodeCache
 from index.first_slice import SLICE_REPLIES, Owed, first_slice, owe, owed, settle
@@ -43,12 +44,27 @@ def _log_to_stderr() -> None:
     logger.setLevel(logging.INFO)
 
 
+def reply_valence(reactions_dir: Path | None) -> Valence | None:
+    """The reaction model's valence model, which scores the stored replies as the service's does; None
+    without a reaction model, or with one that has none."""
+    if reactions_dir is None or not reactions_dir.is_dir():
+        return None
+    manifest = open_bundle(reactions_dir)
+    return Valence.load(reactions_dir, manifest.valence) if manifest.valence is not None else None
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m index", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--artifacts", type=Path, default=Path("artifacts"))
     parser.add_argument("--bundle", type=Path, default=RELEASE_BUNDLE, help="bundle directory (default: the release)")
+    parser.add_argument(
+        "--reactions",
+        type=Path,
+        default=RELEASE_REACTIONS,
+        help="the reaction model whose valence scores the stored replies (default: the release's)",
+    )
     parser.add_argument("--if-missing", action="store_true", help="skip if a version for this bundle exists")
     parser.add_argument("--no-reuse", action="store_true", help="encode every text, even ones a version has")
     parser.add_argument("--corpus", type=Path, help="a chitchat-format corpus file (default: the package's)")
@@ -87,16 +103,19 @@ def main(argv: list[str] | None = None) -> None:
     # own builds keep sleeping threads, which leave the cores to requests.
     encoder = Encoder(bundle_dir, bundle, spin=True)
     cache = EncodeCache(args.artifacts / "cache" / "encode", bundle.checksum)
+    valence = reply_valence(args.reactions)
     if args.first_slice:
         chosen = first_slice(candidates, args.first_slice)
-        manifest = build_version(chosen, encoder, bundle.checksum, store, f"{source} first slice", cache=cache)
+        manifest = build_version(
+            chosen, encoder, bundle.checksum, store, f"{source} first slice", cache=cache, valence=valence
+        )
         full = len({normalize(c.reply) for c in candidates if c.kind != "reaction"})  # as the index dedups
         corpus = str(args.corpus.resolve()) if args.corpus else None
         debt = Owed(bundle.checksum, manifest.version, source, full, bundle.max_context_turns, corpus, korean)
         owe(store.root, debt)
     else:
         manifest = build_version(
-            candidates, encoder, bundle.checksum, store, source, reuse=not args.no_reuse, cache=cache
+            candidates, encoder, bundle.checksum, store, source, reuse=not args.no_reuse, cache=cache, valence=valence
         )
         settle(store.root)  # whatever slice stood in for it, this is the full index
     store.set_current(manifest.version)

@@ -30,6 +30,7 @@ from core.encoder import Encoder
 from core.records import Candidate
 from core.store import QUERY_INDEX, REACTION_INDEX, REPLY_INDEX, IndexManifest, IndexStore, Tables
 from core.text import normalize
+from core.valence import Valence
 from index.confidence_quantiles import quantiles, sampled, stored_reply_confidences
 from index.encode_cache import EncodeCache
 
@@ -232,13 +233,15 @@ def build_version(
     on_progress: Callable[[str, float], None] = lambda stage, fraction: None,
     reuse: bool = True,
     cache: EncodeCache | None = None,
+    valence: Valence | None = None,
 ) -> IndexManifest:
     """Builds, validates and commits a new version. Does not make it current.
 
     With reuse, texts already embedded by the newest version built with the
     same bundle are not encoded again. With `cache`, each encoded chunk is kept
     on disk until the version commits: a build killed halfway and run again
-    encodes only the chunks it had not finished."""
+    encodes only the chunks it had not finished. With `valence`, each stored reply's valence is
+    scored from its text and kept with the version (REPLY_VALENCE), for the mood guard."""
     started = time.perf_counter()
     t = tables(candidates)
     if not t.reply_texts:
@@ -266,6 +269,7 @@ def build_version(
             started=started,
             stages=stages,
             on_progress=on_progress,
+            valence=valence,
         )
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -319,6 +323,7 @@ def _index_and_commit(
     started: float,
     stages: dict[str, float],
     on_progress: Callable[[str, float], None],
+    valence: Valence | None = None,
 ) -> IndexManifest:
     """One side at a time: its fp32 vectors are gathered, indexed, checked and written to the staging
     directory, and dropped with its index before the other side's are gathered. Holding both sides
@@ -335,6 +340,10 @@ def _index_and_commit(
     if t.reaction_texts:
         store.write_index(staging, REACTION_INDEX, ann.exact(encoder.encode(t.reaction_texts, "reply")))
     store.write_texts(staging, candidates, t)
+    if valence is not None:
+        scored = time.perf_counter()
+        store.write_reply_valence(staging, valence.digest, valence.reply_log_odds(t.reply_texts))
+        stages["valence"] = round(time.perf_counter() - scored, 2)
     stages["commit"] = round(time.perf_counter() - lap, 2)  # but the final fsync and rename
     created = datetime.now(UTC)
     digest = hashlib.sha1("\n".join(t.reply_ids).encode() + bundle_checksum.encode()).hexdigest()[:6]

@@ -28,6 +28,7 @@ from core import retriever
 from core.bundle import Thresholds
 from core.confidence import ConfidenceModel, features
 from core.encoder import Encoder
+from core.mood import TurnReading
 from core.retriever import Avoid, Serving
 from core.text import echoes
 
@@ -109,7 +110,8 @@ def replay(
         q = retriever.query_similarity(serving, last[i], 1, avoid, contexts[i][-1])
         r = retriever.reply_matching(serving, context[i], 1, avoid, None if poly is None else poly[i], rerank_depth)
         script = retriever.conversation_script(window)
-        x = retriever.reaction(serving, window[-1], context[i], 1, avoid, script, turn_vector=read[i])
+        reading = TurnReading(window[-1], serving.reactions, read[i])
+        x = retriever.reaction(serving, reading, context[i], 1, avoid, script)
         rows.append(features([h.score for h in r], window, r[0].text if r else ""))
         unfiltered = retriever.reply_matching(
             serving, context[i], 1, Avoid(), None if poly is None else poly[i], rerank_depth

@@ -13,6 +13,7 @@ import pytest
 
 from app.engine.runtime import build_runtime
 from core.bundle import REACTIONS_FILE, ReactionSpec
+from core.mood import TurnReading
 from core.reactions import ReactionClassifier
 from core.retriever import Avoid, ReactionSet, reaction
 from core.retriever import conversation_script as script
@@ -112,7 +113,8 @@ def test_the_bundles_own_classes_answer_in_each_language_they_are_written_in(tmp
     vector = np.zeros(dim, np.float32)
     avoid = Avoid.of(["x"])
     for turn, answer in [("i failed my exam", ["oh no"]), ("나 시험 망했어", ["헐"]), ("試験に落ちた", [])]:
-        assert [h.text for h in reaction(multilingual, turn, vector, 1, avoid, script([turn]))] == answer
+        reading = TurnReading(turn, multilingual.reactions, vector)
+        assert [h.text for h in reaction(multilingual, reading, vector, 1, avoid, script([turn]))] == answer
     assert multilingual.reaction_sets()[:2] == [ReactionSet("model", "en", 2), ReactionSet("model", "ko", 2)]
     np.savez(tmp_path / REACTIONS_FILE, weight=weight, bias=np.zeros(2, np.float32))
     spec = ReactionSpec(labels=["haha", "oh no"], coverage=0.1, translations={"ko": ["ㅋㅋㅋ"]})

@@ -52,6 +52,7 @@ from core.bundle import (
 from core.confidence import WARMUP_TURNS, ConfidenceModel, ShareThreshold, threshold_for_share
 from core.context import Combiner
 from core.encoder import Encoder
+from core.mood import reply_moods
 from core.reactions import ReactionClassifier
 from core.reranker import PolyReranker
 from core.retriever import Serving
@@ -310,6 +311,9 @@ def serve(model: Model, index: IndexVersion, settings: Settings) -> Serving:
             stored = index.manifest.confidence_quantiles
             start = threshold_for_share(stored, settings.reaction_share) if stored else thresholds.reply_matching
             share = ShareThreshold(settings.reaction_share, start, window, min(WARMUP_TURNS, window))
+    valence = model.reactions.valence if model.reactions is not None else None
+    if valence is not None and index.reply_moods is None:
+        index.reply_moods = reply_moods(index, valence)
     return Serving(
         model.bundle,
         model.bundle_dir,

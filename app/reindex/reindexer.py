@@ -64,7 +64,7 @@ class Busy(Exception):
 
 
 class Superseded(Exception):
-    """What a job was submitted for no longer holds (`submit`'s `still_wanted`): nothing was served."""
+    """What a job was submitted for has stopped holding (`submit`'s `still_wanted`): nothing was served."""
 
 
 class Reindexer:
@@ -226,6 +226,7 @@ class Reindexer:
                 on_progress=lambda stage, fraction: self._progress(job, stage, fraction),
                 # A job killed halfway and submitted again encodes only the chunks it had not finished.
                 cache=EncodeCache(self.runtime.settings.artifacts_dir / "cache" / "encode", model.bundle.checksum),
+                valence=model.reactions.valence if model.reactions is not None else None,
             )
         job.version = manifest.version
         job.counts.update(replies=manifest.replies, queries=manifest.queries, encoded=manifest.encoded)
