@@ -24,7 +24,7 @@ ZEROSHOT_E5 := artifacts/bundles/multilingual-e5-small-int8
 .PHONY: help install install-train install-test install-dev run serve index first-slice train-e5 train-script eval ood release judge \
 	baselines pack e5-pack train-combiner train-student multilingual multilingual-tune multilingual-release bench-encoders bench-lexical run-multilingual test test-service test-training \
 	lint format typecheck pytest lock bench bench-profile bench-load bench-precision bench-ann bench-filters bench-cache bench-narrow bench-exact-query bench-reaction-share bench-reactions train-reactions train-reaction-reader bench-reindex bench-first-slice bench-index-build bench-encode-spin bench-first-run chaos clean \
-	docker
+	docker train-valence bench-mood
 
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -270,6 +270,15 @@ bench-reactions: install-train  ## the reaction gate on BUNDLE -> reports/reacti
 # 2 CPU cores, resumable; PROMOTE=1 tracks it in models/release/reactions.
 train-reaction-reader: $(VENV)/.multilingual  ## the reaction model -> artifacts/reaction-reader/bundle
 	$(PY) -m models.reactions.reader $(if $(PROMOTE),--promote)
+# The reaction model's valence (models/reactions/valence.py): an n-gram head on every labelled train text
+# (NSMC's native reviews among them), a head on the model's vectors, stacked per script, margins chosen
+# on the dev splits. About 4 minutes with its vectors cached, 40 cold; PROMOTE=1 copies it into the release.
+VALENCE_OUT := artifacts/reaction-valence
+train-valence: install-train  ## the reaction model's valence -> artifacts/reaction-valence (PROMOTE=1: the release's)
+	$(PY) -m models.reactions.valence --out $(VALENCE_OUT)
+	$(if $(PROMOTE),cp $(VALENCE_OUT)/valence.npz $(VALENCE_OUT)/manifest.json models/release/reactions/)
+bench-mood: install-train index  ## bad news after cheerful turns (and back) through /reply -> reports/mood.{md,json}
+	$(PY) -m bench.mood
 
 chaos: install-dev index  ## faults, overload and hostile input -> reports/chaos.{md,json} (about 26 min)
 	$(PY) -m bench.chaos
