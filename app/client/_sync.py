@@ -216,7 +216,7 @@ class ChitchatClient:
         poll_interval: float = _base.DEFAULT_POLL_INTERVAL,
         timeout: float | None = None,
     ) -> Job:
-        """Poll until the job is no longer queued or running. Raises TimeoutError after ``timeout`` seconds
+        """Poll until the job has left the queued and running states. Raises TimeoutError after ``timeout`` seconds
         (the job goes on on the server)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         bar = _base.JobProgress(job_id, progress)

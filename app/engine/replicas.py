@@ -92,7 +92,7 @@ class Follower:
             listed = list(runtime.sets)
         for gone in set(runtime.sets) - set(listed):
             runtime.drop_set(gone)
-            log.info("set %s: deleted on the volume; no longer served", gone)
+            log.info("set %s: deleted on the volume; not served any more", gone)
         swapped = False
         for name in listed:
             try:
