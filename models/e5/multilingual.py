@@ -4,6 +4,7 @@
     python -m models.e5.multilingual --zero-shot  # the package's weights as they are -> multilingual-e5-small-int8
     python -m models.e5.multilingual --no-fuse --out DIR  # without ORT's fusions, to measure them (models/fusion.py)
     python -m models.e5.multilingual --trim       # the vocabulary cut to English and Korean -> ...-en-ko-int8
+    python -m models.e5.multilingual --trim --layers DIR --name NAME  # other layers: the teacher, `make bench-encoders`
 
 (under artifacts/bundles/ unless --out).
 
@@ -348,6 +349,7 @@ def main() -> None:
     parser.add_argument("--trim", action="store_true", help="keep only the pieces English and Korean use (< 40 MB)")
     parser.add_argument("--refit-reactions", type=Path, help="refit only this built bundle's reaction classifier")
     parser.add_argument("--student", type=Path, help="a release folder of a student's layers: its trimmed bundle")
+    parser.add_argument("--name", help="the bundle's name (default: from the layers and --trim)")
     args = parser.parse_args()
     if args.refit_reactions:
         add_class_reactions(args.refit_reactions)
@@ -367,6 +369,8 @@ def main() -> None:
     spec = replace(spec, fuse=not args.no_fuse, weight_bits=8 if args.eight_bit else 7)
     if args.trim:
         spec = replace(spec, name=f"{spec.name.removesuffix('-int8')}-en-ko-int8", languages=["en", "ko"])
+    if args.name:  # other layers than the default's, told apart by name (the teacher: `make bench-encoders`)
+        spec = replace(spec, name=args.name)
     out = args.out or Path("artifacts/bundles") / spec.name
     if args.if_missing and built_with(out, spec.fuse, spec.weight_bits) == spec.layers.get("sha256", ""):
         print(f"[multilingual] {out} exists, built from the same weights; skipping")
