@@ -66,6 +66,11 @@ CANDIDATES: dict[str, tuple[str, str]] = {
         "the same, vocabulary cut to the pieces English and Korean use (models/release/e5)",
         "MIT",
     ),
+    "multilingual-e5-teacher-en-ko-int8": (
+        "the teacher: the tuned layers at alpha 1 (models/release/e5-teacher-layers), vocabulary cut as the "
+        "default's; not tracked, `make bench-encoders` builds it",
+        "MIT",
+    ),
     "multilingual-e5-l6-en-ko-int8": (
         "six of the teacher's layers, distilled from it and tuned on pairs "
         "(models/e5/student.py, models/release/e5-l6)",
