@@ -3,10 +3,40 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-from core.bundle import MANIFEST, RELEASE_BUNDLE, RELEASE_ROOT, open_bundle
+from core.bundle import (
+    ENCODER_FILE,
+    MANIFEST,
+    RELEASE_BUNDLE,
+    RELEASE_REACTIONS,
+    RELEASE_ROOT,
+    open_bundle,
+    shipped_bundles,
+)
 from index.corpus import split_summary
 from models.release import GATES, MAX_RELEASE_BYTES
+
+ROOT = Path(__file__).resolve().parents[1]
+# Every folder tracked under models/release/ and why (docs/training.md, weights in git): a bundle the
+# service serves, or tuned layers a recipe reads to rebuild what is served, with the file that reads them
+# and the words it reads them by. A new folder fails until it is named here with its reader; a bundle that
+# tracked layers rebuild and no set needs (the teacher: `make bench-encoders`) lives in artifacts/.
+SERVED = {
+    "e5": "the default encoder (core/bundle.py's RELEASE_BUNDLE)",
+    "e5-l6": "the 6-layer student, an encoder a set may name",
+    "minilm": "MiniLM with Korean rows, an encoder a set may name",
+    "reactions": "the reaction model every set's fallback reads the last turn with (RELEASE_REACTIONS)",
+}
+READ_BY = {
+    # the default's layers: models.e5.multilingual's RELEASE_LAYERS, laid under models/release/e5
+    "multilingual-layers": ("models/trained_layers.py", '/ "release" / "multilingual-layers"'),
+    # the teacher: what `make train-student` distils from (and the default's layers at alpha 0.7)
+    "e5-teacher-layers": ("Makefile", "--teacher models/release/e5-teacher-layers"),
+    # the student's layers: what `make bench-encoders` builds models/release/e5-l6's bundle from
+    "e5-l6-layers": ("Makefile", "--student models/release/e5-l6-layers"),
+}
+MAX_RELEASE_TREE_BYTES = 200_000_000  # all of models/release/, decimal: what every clone checks out
 
 
 def test_the_shipped_bundle_agrees_with_its_manifest() -> None:
@@ -39,3 +69,16 @@ def test_the_shipped_bundle_says_how_it_was_made_and_released() -> None:
     gates = {g["gate"]: g for g in manifest.release["gates"]}
     assert set(gates) == {g.name for g in GATES}
     assert all(g["passed"] or g.get("waived") for g in gates.values())  # a miss is released only by name, with why
+
+
+def test_every_folder_in_the_release_is_served_or_read_by_a_recipe() -> None:
+    found = {p.name for p in RELEASE_ROOT.iterdir()}
+    assert found == set(SERVED) | set(READ_BY), "name what serves or reads each folder, or take it out of the tree"
+    named = shipped_bundles(RELEASE_ROOT)  # what a set may name
+    for name in SERVED:
+        folder = RELEASE_ROOT / name
+        assert (folder / ENCODER_FILE).is_file() and (folder / MANIFEST).is_file(), name
+        assert name in named or folder in (RELEASE_BUNDLE, RELEASE_REACTIONS), f"nothing serves {name}"
+    for name, (reader, words) in READ_BY.items():
+        assert (RELEASE_ROOT / name / MANIFEST).is_file() and not (RELEASE_ROOT / name / ENCODER_FILE).exists()
+        assert words in (ROOT / reader).read_text(encoding="utf-8"), f"{reader} no longer reads {name}"
