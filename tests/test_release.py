@@ -82,3 +82,10 @@ def test_every_folder_in_the_release_is_served_or_read_by_a_recipe() -> None:
     for name, (reader, words) in READ_BY.items():
         assert (RELEASE_ROOT / name / MANIFEST).is_file() and not (RELEASE_ROOT / name / ENCODER_FILE).exists()
         assert words in (ROOT / reader).read_text(encoding="utf-8"), f"{reader} no longer reads {name}"
+
+
+def test_the_release_fits_its_budget_in_git() -> None:
+    sizes = {p.name: sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) for p in RELEASE_ROOT.iterdir()}
+    total = sum(sizes.values())
+    assert total <= MAX_RELEASE_TREE_BYTES, f"models/release holds {total:,} bytes: {sizes}"
+    assert not {name: size for name, size in sizes.items() if size > MAX_RELEASE_BYTES}  # 40 MiB a bundle
