@@ -169,8 +169,9 @@ eval: judge  ## 1-of-100 report on held-out conversations -> reports/eval.{md,js
 
 # The encoder bake-off, every candidate in one run (about 5 min a bundle here): the human chit-chat dev
 # sets' halves, chatterbot, STS, labelled reactions, chitchat test, bytes and speed. Its reports/ood.json
-# rows are what `make release` gates on. The teacher (the tracked layers at alpha 1) is a candidate, not
-# tracked: built here from models/release/e5-teacher-layers in minutes (docs/training.md, weights in git).
+# rows are what `make release` gates on. The teacher (the tracked layers at alpha 1) and the 6-layer student
+# are candidates, not tracked: built here from models/release/e5-teacher-layers and
+# models/release/e5-l6-layers in minutes (docs/training.md, weights in git).
 TEACHER_BUNDLE := artifacts/bundles/multilingual-e5-teacher-en-ko-int8
 bench-encoders: baselines  ## every candidate encoder -> reports/encoders.{md,json} and reports/ood.{md,json}
 	$(PY) -m models.e5.multilingual --trim --if-missing

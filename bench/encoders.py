@@ -72,8 +72,8 @@ CANDIDATES: dict[str, tuple[str, str]] = {
         "MIT",
     ),
     "multilingual-e5-l6-en-ko-int8": (
-        "six of the teacher's layers, distilled from it and tuned on pairs "
-        "(models/e5/student.py, models/release/e5-l6)",
+        "six of the teacher's layers, distilled from it and tuned on pairs (models/e5/student.py, "
+        "models/release/e5-l6-layers); not tracked, `make bench-encoders` builds it",
         "MIT",
     ),
 }

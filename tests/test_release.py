@@ -21,10 +21,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # Every folder tracked under models/release/ and why (docs/training.md, weights in git): a bundle the
 # service serves, or tuned layers a recipe reads to rebuild what is served, with the file that reads them
 # and the words it reads them by. A new folder fails until it is named here with its reader; a bundle that
-# tracked layers rebuild and no set needs (the teacher: `make bench-encoders`) lives in artifacts/.
+# tracked layers rebuild and no set needs (the teacher, the 6-layer student: `make bench-encoders`) lives
+# in artifacts/.
 SERVED = {
     "e5": "the default encoder (core/bundle.py's RELEASE_BUNDLE)",
-    "e5-l6": "the 6-layer student, an encoder a set may name",
     "minilm": "MiniLM with Korean rows, an encoder a set may name",
     "reactions": "the reaction model every set's fallback reads the last turn with (RELEASE_REACTIONS)",
 }
@@ -33,7 +33,7 @@ READ_BY = {
     "multilingual-layers": ("models/trained_layers.py", '/ "release" / "multilingual-layers"'),
     # the teacher: what `make train-student` distils from (and the default's layers at alpha 0.7)
     "e5-teacher-layers": ("Makefile", "--teacher models/release/e5-teacher-layers"),
-    # the student's layers: what `make bench-encoders` builds models/release/e5-l6's bundle from
+    # the 6-layer student's layers: what `make bench-encoders` builds its bundle from, into artifacts/
     "e5-l6-layers": ("Makefile", "--student models/release/e5-l6-layers"),
 }
 MAX_RELEASE_TREE_BYTES = 200_000_000  # all of models/release/, decimal: what every clone checks out
