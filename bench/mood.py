@@ -27,6 +27,7 @@ import httpx
 from bench.reports import write
 from bench.service import ROOT, cpu_description, free_port, start_server, test_contexts, wait_ready
 from core.bundle import RELEASE_REACTIONS, open_bundle
+from core.store import IndexStore
 from core.valence import Valence
 from models.reactions.classes import REACTION_CLASSES
 
@@ -46,9 +47,9 @@ LATENCY_CONTEXTS = 200
 
 def side_of_answer(answer: dict[str, Any], valence: Valence) -> int:
     """+1 cheerful, -1 sympathetic, 0 neither: a reaction by its class, a reply by the valence model."""
-    if answer["strategy"] == "reaction" and answer["id"].startswith("reaction:"):
+    if answer["source"] == "reaction" and answer["id"].startswith("reaction:"):
         return SIDE_OF_CLASS[REACTION_CLASSES[int(answer["id"].split(":")[1])].name]
-    return int(valence.reply_sides([answer["text"]], valence.reply_log_odds([answer["text"]]))[0])
+    return int(valence.reply_sides([answer["reply"]], valence.reply_log_odds([answer["reply"]]))[0])
 
 
 def lines() -> list[dict[str, Any]]:
@@ -70,7 +71,7 @@ def run(reactions: Path, artifacts: Path, judge: Valence) -> dict[str, Any]:
                 bad = row["category"] == "bad_news"
                 before = BEFORE[(row["language"], "cheerful" if bad else "sad")]
                 for context in ([row["text"]], [*before, row["text"]]):
-                    answer = client.post("/reply", json={"context": context}).json()["reply"]
+                    answer = client.post("/reply", json={"context": context}).json()
                     served = side_of_answer(answer, judge)
                     replayed.append(
                         {
@@ -78,8 +79,8 @@ def run(reactions: Path, artifacts: Path, judge: Valence) -> dict[str, Any]:
                             "half": row["half"],
                             "category": row["category"],
                             "context": context,
-                            "answer": answer["text"],
-                            "strategy": answer["strategy"],
+                            "answer": answer["reply"],
+                            "strategy": answer["source"],
                             "side": served,
                             "opposite": served == (1 if bad else -1),
                         }
@@ -88,10 +89,10 @@ def run(reactions: Path, artifacts: Path, judge: Valence) -> dict[str, Any]:
             for fired in FIRED:
                 sid = f"mood-{fired[:2]}-{time.time_ns()}"
                 for turn in [*SESSION, fired]:
-                    answer = client.post("/reply", json={"session_id": sid, "message": turn}).json()["reply"]
-                    session.append({"turn": turn, "answer": answer["text"], "strategy": answer["strategy"]})
-                alone = client.post("/reply", json={"context": [fired]}).json()["reply"]
-                session.append({"turn": f"(alone) {fired}", "answer": alone["text"], "strategy": alone["strategy"]})
+                    answer = client.post("/reply", json={"session_id": sid, "message": turn}).json()
+                    session.append({"turn": turn, "answer": answer["reply"], "strategy": answer["source"]})
+                alone = client.post("/reply", json={"context": [fired]}).json()
+                session.append({"turn": f"(alone) {fired}", "answer": alone["reply"], "strategy": alone["source"]})
             contexts = test_contexts(LATENCY_CONTEXTS, 3, seed=1)
             seconds = []
             for context in contexts:
@@ -110,6 +111,19 @@ def run(reactions: Path, artifacts: Path, judge: Valence) -> dict[str, Any]:
         "session": session,
         "p50_ms": round(1000 * statistics.median(seconds), 2),
     }
+
+
+def scoring_seconds(artifacts: Path, valence: Valence) -> dict[str, float]:
+    """Seconds to score every stored reply of the default set's current index, as a build does."""
+    store = IndexStore(artifacts / "indexes")
+    version = store.current()
+    if version is None:
+        raise SystemExit(f"no index under {artifacts}: run `make index`")
+    texts = store.tables(version).reply_texts
+    started = time.perf_counter()
+    valence.reply_sides(texts, valence.reply_log_odds(texts))
+    seconds = time.perf_counter() - started
+    return {"replies": len(texts), "seconds": round(seconds, 2), "us_per_reply": round(1e6 * seconds / len(texts), 1)}
 
 
 def markdown(runs: list[dict[str, Any]], command: str, machine: str) -> str:
@@ -142,6 +156,7 @@ def main() -> None:
     parser.add_argument("--reactions", type=Path, action="append", help="a reaction model (repeatable)")
     parser.add_argument("--artifacts", type=Path, default=ROOT / "artifacts")
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "mood")
+    parser.add_argument("--scoring-only", action="store_true", help="only time scoring the stored replies")
     args = parser.parse_args()
     models = args.reactions or [RELEASE_REACTIONS]
     judge_dir = models[-1]
@@ -149,10 +164,18 @@ def main() -> None:
     if spec is None:
         raise SystemExit(f"{judge_dir} has no valence model to judge the replies with")
     judge = Valence.load(judge_dir, spec)
+    scoring = scoring_seconds(args.artifacts, judge)
+    print(f"[mood] scored {scoring['replies']} stored replies in {scoring['seconds']} s on {cpu_description()}")
+    if args.scoring_only:
+        return
     runs = [run(m, args.artifacts, judge) for m in models]
     machine = cpu_description()
     command = "python -m bench.mood " + " ".join(f"--reactions {m}" for m in models)
-    write(args.out, {"command": command, "cpu": machine, "runs": runs}, markdown(runs, command, machine))
+    text = markdown(runs, command, machine) + (
+        f"\nScoring the {scoring['replies']} stored replies' valence, as a build does: {scoring['seconds']} s "
+        f"({scoring['us_per_reply']} µs a reply).\n"
+    )
+    write(args.out, {"command": command, "cpu": machine, "scoring": scoring, "runs": runs}, text)
 
 
 if __name__ == "__main__":
