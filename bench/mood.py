@@ -86,8 +86,8 @@ def run(reactions: Path, artifacts: Path, judge: Valence) -> dict[str, Any]:
                         }
                     )
             session = []
-            for fired in FIRED:
-                sid = f"mood-{fired[:2]}-{time.time_ns()}"
+            for n, fired in enumerate(FIRED):
+                sid = f"mood-{n}-{time.time_ns()}"
                 for turn in [*SESSION, fired]:
                     answer = client.post("/reply", json={"session_id": sid, "message": turn}).json()
                     session.append({"turn": turn, "answer": answer["reply"], "strategy": answer["source"]})
