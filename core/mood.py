@@ -55,7 +55,8 @@ class TurnReading:
     def side(self) -> int:
         """+1 sure good news, -1 sure bad news, 0 neither (or no valence model)."""
         lean = self.lean()
-        return 0 if lean is None else int(np.sign(lean)) if abs(lean) >= 1.0 else 0
+        valence = self.classifier.valence if self.classifier is not None else None
+        return 0 if lean is None or valence is None else valence.turn_side(lean)
 
     def guarded_side(self) -> int:
         """The side the mood guard holds the turn to (`Valence.guarded_side`); 0 without a valence model."""

@@ -45,14 +45,12 @@ from core.bundle import VALENCE_FILE, ValenceSpec, open_bundle, read_manifest, s
 from core.encoder import Encoder
 from core.machine import cpu
 from core.reactions import ReactionClassifier
-from core.valence import Valence, gram_pairs, side
+from core.valence import Valence, gram_pairs, has_hangul, side
 from models.reactions import emotions
 from models.reactions.classes import CLASS_NAMES, REACTION_CLASSES, text_valence
 from models.reactions.examples import emotion_split, labelled_lines, written_lines
 from models.reactions.scoring import CHEER, CLASS_SIDES, VERDICTS, verdict_table
 from models.reactions.vectors import encode_cached
-
-HANGUL = ("\uac00", "\ud7a3")
 
 
 @dataclass(frozen=True)
@@ -124,7 +122,7 @@ def source_weights(sources: list[str]) -> np.ndarray:
 
 
 def hangul(texts: list[str]) -> np.ndarray:
-    return np.array([any(HANGUL[0] <= ch <= HANGUL[1] for ch in t) for t in texts])
+    return np.array([has_hangul(t) for t in texts])
 
 
 def sure_right(log_odds: np.ndarray, gold: np.ndarray, margin: float) -> tuple[float, float]:
