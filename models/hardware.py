@@ -20,9 +20,19 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def bf16_native() -> str:
+    """The CPU's native bf16 instructions ("amx_bf16", "avx512_bf16"), "" where it has neither:
+    where bf16 autocast can pay on a CPU."""
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    return ", ".join(f for f in ("amx_bf16", "avx512_bf16") if f in flags)
+
+
 def hardware(device: str) -> dict[str, Any]:
     info: dict[str, Any] = {"device": device, "cpu": cpu_name(), "vnni": cpu()["vnni"], "cores": os.cpu_count()}
     info["torch_threads"] = torch.get_num_threads()
+    info["bf16_native"] = bf16_native()
     if device.startswith("cuda") and torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name()
     return info

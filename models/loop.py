@@ -116,6 +116,7 @@ def run_steps(
     every: int,
     budget_s: float | None = None,
     probed_total: int | None = None,
+    on_checkpoint: Callable[[int], None] | None = None,
 ) -> dict[str, float]:
     """Optimises batch_loss(step) for steps [resumed step, total_steps); returns the stage's figures.
 
@@ -129,6 +130,9 @@ def run_steps(
     recorded figure at the same step. A rebuild of a budgeted run then follows its
     schedule (warmup and decay over the original total until the probe, over
     the shrunk one after) on any machine, however fast.
+
+    `on_checkpoint(step)` runs after each checkpoint is written (a curve's point, say); its time
+    is not the budget's.
     """
     for group in optimizer.param_groups:
         group.setdefault("initial_lr", group["lr"])
@@ -162,6 +166,10 @@ def run_steps(
         if step % every == 0 or step == total_steps:
             elapsed = seconds + time.perf_counter() - started
             _save(checkpoint, modules, optimizer, step, elapsed, losses, total_steps)
+            if on_checkpoint is not None:
+                paused = time.perf_counter()
+                on_checkpoint(step)
+                started += time.perf_counter() - paused
     bar.close()
     for module in modules.values():
         module.eval()

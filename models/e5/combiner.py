@@ -40,6 +40,7 @@ from torch import nn
 from core.bundle import (
     COMBINER_FILE,
     FORMAT_VERSION,
+    BundleManifest,
     CombinerSpec,
     JoinedWay,
     open_bundle,
@@ -305,7 +306,7 @@ def r_at_1(dev: DevSet, context: np.ndarray, replies: np.ndarray) -> dict[str, f
     else:
         top = np.argmax(context @ replies.T, axis=1)  # [C]
         hit = np.array([int(t) in g for t, g in zip(top, dev.gold, strict=True)])
-    return {h: round(float(hit[dev.halves == h].mean()), 4) for h in ("A", "B")}
+    return {h: round(float(hit[dev.halves == h].mean()), 4) for h in ("A", "B") if (dev.halves == h).any()}
 
 
 def windows_as_rows(dev: DevSet, row: dict[str, int]) -> np.ndarray:
@@ -365,6 +366,15 @@ SWEEP = [
 ]
 
 
+def cache_path(manifest: BundleManifest, stem: str) -> Path:
+    """Where `cached_vectors` keeps a bundle's vectors of one set of texts. Named by what makes a
+    vector, the graph and the tokenizer, not by the checksum, which a new combiner changes: a
+    rebuild from a bundle that has one reads the same cache."""
+    made_by = hashlib.sha256(f"{manifest.files['encoder.onnx']}:{manifest.files['tokenizer.json']}".encode())
+    WORK.mkdir(parents=True, exist_ok=True)
+    return WORK / f"{stem}-{made_by.hexdigest()[:16]}.npz"
+
+
 def load(bundle: Path) -> tuple[Encoder, list[str], dict[str, int], Table, Pairs, list[DevSet]]:
     manifest = open_bundle(bundle)
     encoder = Encoder(bundle, manifest)
@@ -377,11 +387,7 @@ def load(bundle: Path) -> tuple[Encoder, list[str], dict[str, int], Table, Pairs
     )
     row = {t: i for i, t in enumerate(texts)}
     started = time.perf_counter()
-    WORK.mkdir(parents=True, exist_ok=True)
-    # Named by what makes a turn's vector, the graph and the tokenizer, not by the checksum, which a
-    # new combiner changes: a rebuild from a bundle that has one reads the same cache.
-    made_by = hashlib.sha256(f"{manifest.files['encoder.onnx']}:{manifest.files['tokenizer.json']}".encode())
-    vectors = cached_vectors(encoder, texts, WORK / f"vectors-{made_by.hexdigest()[:16]}.npz")
+    vectors = cached_vectors(encoder, texts, cache_path(manifest, "vectors"))
     print(f"[combiner] {len(texts):,} texts' vectors ready in {time.perf_counter() - started:.0f} s", flush=True)
     return encoder, texts, row, Table(texts, vectors), pairs_of(convs, row), devs
 
