@@ -102,17 +102,22 @@ e5-pack: $(VENV)/.multilingual  ## the teacher and student recipes' input -> art
 multilingual-tune: e5-pack  ## train the e5 teacher's top layers -> artifacts/teacher
 	$(PY) -m models.e5.teacher --pack $(E5_PACK) $(if $(DEVICE),--device $(DEVICE)) $(if $(BF16),--bf16)
 
-# The 6-layer student (models/e5/student.py) distilled from the tracked teacher layers, written as a
-# release folder and built into its int8 bundle, then held to the tracked student's figures. Its config
-# replays the tracked run's schedule (probed_total); after a new teacher is promoted it distils from
-# that one. About 2.5 min on a GPU (DEVICE=cuda); on 2 CPU cores about 1.8 h with BF16=1 where the CPU
-# has AVX512-BF16 (8.5 s a step, docs/training.md), longer in fp32.
+# The 6-layer student (models/e5/student.py, StudentConfig), a CPU recipe: the default bundle's own
+# vectors of every training text cached once (models/e5/combiner.py's cache, shared with the default's
+# combiner), then an hour of single texts in length-sorted batches, bf16 where the CPU has AMX or
+# AVX512-BF16, checkpointed and resumable; then its int8 bundle, its own combiner, index and calibration.
+# About 100 minutes on 2 cores in all (docs/training.md, "The student"). The last line holds the run
+# to the tracked layers' half-A figures.
 STUDENT_LAYERS := artifacts/student-release
 STUDENT_BUNDLE := artifacts/bundles/multilingual-e5-l6-en-ko-int8
-train-student: e5-pack  ## teacher -> 6-layer student -> int8 bundle (artifacts/bundles/multilingual-e5-l6-en-ko-int8)
-	$(PY) -m models.e5.student --pack $(E5_PACK) --teacher models/release/e5-teacher-layers $(if $(DEVICE),--device $(DEVICE)) $(if $(BF16),--bf16)
+STUDENT_PER_TURN := artifacts/bundles/e5-l6-per-turn
+train-student: e5-pack judge  ## the default -> 6-layer student -> its per-turn bundle (artifacts/bundles/e5-l6-per-turn)
+	$(PY) -m models.e5.student --pack $(E5_PACK)
 	$(PY) -m models.e5.student --release $(STUDENT_LAYERS)
 	$(PY) -m models.e5.multilingual --student $(STUDENT_LAYERS) --out $(STUDENT_BUNDLE)
+	$(PY) -m models.e5.combiner --bundle $(STUDENT_BUNDLE) --out $(STUDENT_PER_TURN)
+	$(PY) -m index --if-missing --bundle $(STUDENT_PER_TURN)
+	$(PY) -m models.calibrate --bundle $(STUDENT_PER_TURN) --judge $(JUDGE)
 	$(PY) -m models.trained_layers $(STUDENT_LAYERS)/layers.npz --release models/release/e5-l6-layers
 
 # The default encoder's per-turn combiner (models/e5/combiner.py, CombinerConfig): every training turn's
@@ -171,14 +176,18 @@ eval: judge  ## 1-of-100 report on held-out conversations -> reports/eval.{md,js
 # sets' halves, chatterbot, STS, labelled reactions, chitchat test, bytes and speed. Its reports/ood.json
 # rows are what `make release` gates on. The teacher (the tracked layers at alpha 1) and the 6-layer student
 # are candidates, not tracked: built here from models/release/e5-teacher-layers and
-# models/release/e5-l6-layers in minutes (docs/training.md, weights in git).
+# models/release/e5-l6-layers (the student with its own combiner, about 20 min the first time: its
+# vectors of every training turn are cached once) (docs/training.md, weights in git).
 TEACHER_BUNDLE := artifacts/bundles/multilingual-e5-teacher-en-ko-int8
-bench-encoders: baselines  ## every candidate encoder -> reports/encoders.{md,json} and reports/ood.{md,json}
+bench-encoders: baselines $(STUDENT_PER_TURN)/combiner.npz  ## every candidate encoder -> reports/encoders.{md,json} and reports/ood.{md,json}
 	$(PY) -m models.e5.multilingual --trim --if-missing
 	$(PY) -m models.e5.multilingual --trim --layers models/release/e5-teacher-layers --name $(notdir $(TEACHER_BUNDLE)) \
 		--if-missing --out $(TEACHER_BUNDLE)
-	$(PY) -m models.e5.multilingual --student models/release/e5-l6-layers --if-missing --out $(STUDENT_BUNDLE)
 	$(PY) -m bench.encoders
+
+$(STUDENT_PER_TURN)/combiner.npz: models/release/e5-l6-layers/manifest.json | $(VENV)/.multilingual
+	$(PY) -m models.e5.multilingual --student models/release/e5-l6-layers --if-missing --out $(STUDENT_BUNDLE)
+	$(PY) -m models.e5.combiner --bundle $(STUDENT_BUNDLE) --out $(STUDENT_PER_TURN)
 ood: bench-encoders
 
 bench-lexical: install-train  ## dense reply matching fused with BM25, per language, on the human dev sets -> reports/lexical.{md,json}

@@ -71,9 +71,10 @@ CANDIDATES: dict[str, tuple[str, str]] = {
         "default's; not tracked, `make bench-encoders` builds it",
         "MIT",
     ),
-    "multilingual-e5-l6-en-ko-int8": (
-        "six of the teacher's layers, distilled from it and tuned on pairs (models/e5/student.py, "
-        "models/release/e5-l6-layers); not tracked, `make bench-encoders` builds it",
+    "e5-l6-per-turn": (
+        "six of the default's layers distilled on the CPU from its cached vectors of single texts, with a "
+        "combiner of its own (models/e5/student.py, models/release/e5-l6-layers); not tracked, "
+        "`make bench-encoders` builds it",
         "MIT",
     ),
 }

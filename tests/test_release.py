@@ -31,8 +31,8 @@ SERVED = {
 READ_BY = {
     # the default's layers: models.e5.multilingual's RELEASE_LAYERS, laid under models/release/e5
     "multilingual-layers": ("models/trained_layers.py", '/ "release" / "multilingual-layers"'),
-    # the teacher: what `make train-student` distils from (and the default's layers at alpha 0.7)
-    "e5-teacher-layers": ("Makefile", "--teacher models/release/e5-teacher-layers"),
+    # the teacher at alpha 1, a bake-off candidate (the default's layers are it at alpha 0.7)
+    "e5-teacher-layers": ("Makefile", "--layers models/release/e5-teacher-layers"),
     # the 6-layer student's layers: what `make bench-encoders` builds its bundle from, into artifacts/
     "e5-l6-layers": ("Makefile", "--student models/release/e5-l6-layers"),
 }

@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# The e5 teacher and its student, in one call on a lent GPU:
+# The e5 teacher variants, in one call on a lent GPU:
 #
-#   bash models/e5/gpu.sh OUT_DIR [TEACHER_S STUDENT_S]
+#   bash models/e5/gpu.sh OUT_DIR [TEACHER_S]
 #
+# The student is the CPU's recipe (models/e5/student.py, `make train-student`): it learns the
+# default bundle's cached vectors, and needs no GPU.
 # It reads only artifacts/e5-pack (`python -m models.e5.pack`, built here first) and the
 # image's torch stack. Three teacher variants train side by side (the GPU is far from
 # full with one); the one with the best mean R@1 on half A of the human dev sets is
-# distilled (models/e5/teacher.py: choose). Each stage's outputs are copied to OUT_DIR as soon as they exist, so a run
+# kept (models/e5/teacher.py: choose). Each stage's outputs are copied to OUT_DIR as soon as they exist, so a run
 # cut short still returns what it finished; files over the transfer's 16 MB come in parts
 # (`cat NAME.part-* > NAME`).
 set -uo pipefail
-out=${1:?an output folder}; teacher_s=${2:-170}; student_s=${3:-150}
+out=${1:?an output folder}; teacher_s=${2:-170}
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 mkdir -p "$out" artifacts/logs
 py=${PYTHON:-python3}
@@ -36,9 +38,4 @@ cp "$best/layers.npz" artifacts/teacher.npz && keep artifacts/teacher.npz teache
 echo "$best" > artifacts/logs/chosen_teacher.txt
 logs
 
-$py -m models.e5.student --teacher artifacts/teacher.npz --device cuda --budget-s "$student_s" \
-  > artifacts/logs/student.log 2>&1
-tail -n 3 artifacts/logs/student.log
-[ -f artifacts/student/layers.npz ] && keep artifacts/student/layers.npz student.npz
-logs
 ls -la "$out"

@@ -17,8 +17,10 @@ import numpy as np
 import pytest
 
 from core.bundle import open_bundle
+from core.context import Combiner
 from models.e5 import multilingual, student, teacher
 from models.e5 import pack as e5_pack
+from models.e5.combiner import DevSet
 from models.e5.pack import META_FILE, WEIGHTS_FILE, E5Pack
 from models.e5.student import StudentConfig
 from models.e5.teacher import PairBatches, TeacherConfig
@@ -31,8 +33,9 @@ pytestmark = [pytest.mark.training, pytest.mark.filterwarnings("ignore::torch.ji
 # Runs the size of a test: the tiny BERT's 2 layers, batches of 8, Korean every 2nd step.
 TINY_TEACHER = TeacherConfig(trained_layers=1, epochs=0.03, batch_size=8, korean_every=2, checkpoint_every=2)
 TINY_STUDENT = StudentConfig(
-    keep=(1,), steps=2, pair_batch=8, broad_batch=8, korean_every=2, checkpoint_every=1, probed_total=0
-)
+    keep=(1,), max_steps=4, pair_batch=8, broad_batch=8, broad_per_pool=20, korean_every=2,
+    checkpoint_every=1, eval_every=2,
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -42,10 +45,53 @@ def teacher_run(e5_pack: E5Pack, tmp_path_factory: pytest.TempPathFactory) -> Pa
     return out
 
 
+def tiny_corpus(e5_pack: E5Pack, teacher_run: Path) -> student.Corpus:
+    """The tiny pack's pairs and broad text with the tiny teacher's vectors: what `student.corpus`
+    makes of the default bundle's cache. Its dev set: 1 of 12 replies, half of it half A."""
+    from models.validate import encode
+
+    texts, turn, reply, korean = [], [], [], []
+    for name, is_korean in (("en", False), ("ko", True)):
+        pairs = e5_pack.pairs(name)
+        for c, r in zip(pairs.contexts, pairs.replies, strict=True):
+            turn.append(len(texts))
+            reply.append(len(texts) + 1)
+            texts += [c, r]
+            korean.append(is_korean)
+    broad = student.broad_sample(e5_pack, TINY_STUDENT.broad_per_pool, 0)
+    texts += broad
+    model = student.student_model(e5_pack, teacher_run / LAYERS_FILE, StudentConfig(keep=(0, 1)))
+    tok = teacher.tokeniser(e5_pack)
+    prefixes = SPEC["query_prefix"], SPEC["passage_prefix"]
+    context = encode(model, tok, [prefixes[0] + t for t in texts], "context")  # [T, D]
+    replies = encode(model, tok, [prefixes[1] + t for t in texts], "reply")  # [T, D]
+    windows = [[texts[t]] for t in turn[:12]]
+    candidates = [texts[r] for r in reply[:12]]
+    dev = DevSet("tiny", windows, candidates, [{i} for i in range(12)], np.array(["A", "B"] * 6))
+    return student.Corpus(
+        texts, context, replies, np.array(turn), np.array(reply), np.array(korean),
+        np.arange(len(texts) - len(broad), len(texts)), [dev],
+    )  # fmt: skip
+
+
+def tiny_combiner(dim: int) -> Combiner:
+    """The newest turn alone, as it is: R@1 of the bare turn vectors."""
+    zeros = np.zeros(1, dtype=np.float32)
+    return Combiner(zeros, zeros, zeros, np.zeros((dim, dim), np.float32), np.zeros(dim, np.float32), np.zeros(1, bool))
+
+
 @pytest.fixture(scope="module")
-def student_run(e5_pack: E5Pack, teacher_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def corpus(e5_pack: E5Pack, teacher_run: Path) -> student.Corpus:
+    return tiny_corpus(e5_pack, teacher_run)
+
+
+@pytest.fixture(scope="module")
+def student_run(
+    e5_pack: E5Pack, teacher_run: Path, corpus: student.Corpus, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     out = tmp_path_factory.mktemp("student")
-    student.train(TINY_STUDENT, e5_pack, teacher_run / LAYERS_FILE, out, "cpu", None)
+    combiner = tiny_combiner(corpus.context.shape[1])
+    student.train(TINY_STUDENT, e5_pack, corpus, teacher_run / LAYERS_FILE, combiner, out)
     return out
 
 
@@ -140,29 +186,68 @@ def test_the_student_starts_from_the_kept_teacher_layers_and_writes_only_them(
     student_run: Path, teacher_run: Path
 ) -> None:
     figures = json.loads((student_run / student.FIGURES_FILE).read_text())
-    assert figures["train"]["steps"] == TINY_STUDENT.steps
+    assert figures["train"]["steps"] == TINY_STUDENT.max_steps
     layers = read_layers(student_run / LAYERS_FILE)
     assert all(name.startswith("encoder.layer.") for name in layers)  # the frozen embedding rows stay the pack's
     assert len({name.split(".")[2] for name in layers}) == len(TINY_STUDENT.keep)
-    # Its layer 0 began as the teacher's layer 1 (the trained one) and moved a little in 2 steps.
+    # Its layer 0 began as the teacher's layer 1 (the trained one) and moved a little in 4 steps.
     taught = read_layers(teacher_run / LAYERS_FILE)
     assert {n.replace("encoder.layer.0.", "encoder.layer.1.") for n in layers} == set(taught)
     moved = [
         float(np.abs(value.astype(np.float32) - taught[name.replace(".0.", ".1.", 1)].astype(np.float32)).max())
         for name, value in layers.items()
     ]
-    assert 0 < max(moved) < 0.01
+    assert 0 < max(moved) < 0.02
+    # The record says which arithmetic ran and why, on which CPU.
+    assert figures["arithmetic"] in ("bf16", "fp32") and figures["why"] and figures["hardware"]["cpu"]
 
 
-def test_a_bf16_student_run_trains_and_says_so(e5_pack: E5Pack, teacher_run: Path, tmp_path: Path) -> None:
-    # bf16 autocast on the CPU (a CPU with AVX512-BF16 halves a step): the loss stays finite and the
-    # figures record the arithmetic, so a rebuild knows which it replays.
-    figures = student.train(TINY_STUDENT, e5_pack, teacher_run / LAYERS_FILE, tmp_path, "cpu", None, bf16=True)
-    assert figures["autocast"] == "bf16"
-    assert np.isfinite(figures["train"]["final_loss"])
+def test_the_curve_has_a_point_every_eval_steps_in_texts_seen_and_a_resume_adds_none_twice(
+    e5_pack: E5Pack, teacher_run: Path, corpus: student.Corpus, student_run: Path
+) -> None:
+    curve = [json.loads(line) for line in (student_run / student.CURVE_FILE).read_text().splitlines()]
+    assert [p["step"] for p in curve] == [0, 2, 4]
+    per_step = 2 * TINY_STUDENT.pair_batch + TINY_STUDENT.broad_batch
+    assert [p["texts_seen"] for p in curve] == [0, 2 * per_step, 4 * per_step]
+    assert all(0 <= p["half_a"]["tiny"] <= 1 for p in curve)
+    # Run again on the same folder: the checkpoint says it is done, and the curve gains no point.
+    combiner = tiny_combiner(corpus.context.shape[1])
+    student.train(TINY_STUDENT, e5_pack, corpus, teacher_run / LAYERS_FILE, combiner, student_run)
+    assert (student_run / student.CURVE_FILE).read_text().count("\n") == len(curve)
+
+
+def test_every_korean_every_th_step_reads_korean_pairs_and_batches_are_bucketed(corpus: student.Corpus) -> None:
+    cfg = StudentConfig(pair_batch=4, broad_batch=4, korean_every=2, length_group=2)
+    batches = student.Batches(corpus, cfg)
+    for step in range(8):
+        rows = batches.pairs(step)
+        assert corpus.korean[rows].all() == (step % 2 == 1) and corpus.korean[rows].any() == (step % 2 == 1)
+        assert np.array_equal(rows, student.Batches(corpus, cfg).pairs(step))  # a function of the step
+        assert set(batches.broad_texts(step)) <= set(corpus.broad)
+    # Cut from length-sorted groups: a batch spans less of the length range than the pairs do.
+    lengths = np.array(
+        [len(corpus.texts[t]) + len(corpus.texts[r]) for t, r in zip(corpus.pair_turn, corpus.pair_reply, strict=True)]
+    )
+    spans = [np.ptp(lengths[batches.pairs(s)]) for s in range(0, 8, 2)]
+    assert np.mean(spans) < np.ptp(lengths[~corpus.korean])
+
+
+def test_bf16_is_chosen_only_where_the_cpu_has_it_and_a_bf16_run_stays_finite(
+    e5_pack: E5Pack, teacher_run: Path, corpus: student.Corpus, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = student.student_model(e5_pack, teacher_run / LAYERS_FILE, TINY_STUDENT)
+    tok = teacher.tokeniser(e5_pack)
+    monkeypatch.setattr(student, "bf16_native", lambda: "")
+    assert student.choose_arithmetic(model, tok, corpus.texts[:8]) == (
+        False,
+        {"arithmetic": "fp32", "why": "no AVX512-BF16 or AMX in /proc/cpuinfo"},
+    )
+    monkeypatch.setattr(student, "choose_arithmetic", lambda *a: (True, {"arithmetic": "bf16", "why": "forced"}))
+    combiner = tiny_combiner(corpus.context.shape[1])
+    figures = student.train(TINY_STUDENT, e5_pack, corpus, teacher_run / LAYERS_FILE, combiner, tmp_path)
+    assert figures["arithmetic"] == "bf16" and np.isfinite(figures["train"]["final_loss"])
     layers = read_layers(tmp_path / LAYERS_FILE)
     assert all(np.isfinite(v.astype(np.float32)).all() for v in layers.values())
-    assert json.loads((teacher_run / teacher.FIGURES_FILE).read_text())["autocast"] == "fp32"
 
 
 def test_a_student_release_builds_the_l6_bundle(
