@@ -106,8 +106,8 @@ multilingual-tune: e5-pack  ## train the e5 teacher's top layers -> artifacts/te
 # vectors of every training text cached once (models/e5/combiner.py's cache, shared with the default's
 # combiner), then an hour of single texts in length-sorted batches, bf16 where the CPU has AMX or
 # AVX512-BF16, checkpointed and resumable; then its int8 bundle, its own combiner, index and calibration.
-# About 100 minutes on 2 cores in all (docs/training.md, "The student"). The last line holds the run
-# to the tracked layers' half-A figures.
+# Budgeted to fit 100 minutes on 2 cores (docs/training.md, "The student: a CPU recipe"); each step
+# prints its time. The last line holds the run to the tracked layers' half-A figures.
 STUDENT_LAYERS := artifacts/student-release
 STUDENT_BUNDLE := artifacts/bundles/multilingual-e5-l6-en-ko-int8
 STUDENT_PER_TURN := artifacts/bundles/e5-l6-per-turn

@@ -4,7 +4,7 @@
     python -m models.e5.student --budget-s 30 --out /tmp/student     # a smoke run
     python -m models.e5.student --release artifacts/student-release  # a run's layers as a release folder
 
-CPU first (docs/training.md, "The student"):
+CPU first (docs/training.md, "The student: a CPU recipe"):
 
 - the teacher is the default bundle itself, the int8 graph the service runs: every training text's
   vectors, on both sides, are computed once and cached (models/e5/combiner.py's cache, which the

@@ -94,8 +94,8 @@ def freeze_below(model: DualEncoder, trained_layers: int) -> int:
 
 
 def autocast(device: str, bf16: bool = False) -> torch.autocast:
-    """bf16 on a GPU (the H100/H200 run); on the CPU fp32 unless `bf16`. On a CPU with
-    AVX512-BF16 it fits the student's schedule in one sitting (docs/training.md); without it, untried."""
+    """bf16 on a GPU (the H100/H200 run); on the CPU fp32 unless `bf16`, which pays only where the
+    CPU has AMX or AVX512-BF16 (models/e5/student.py times it before it chooses)."""
     if device.startswith("cuda"):
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
