@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
+from core.bundle import COMBINER_FILE
 from core.context import Combiner, unit
-from models.e5.combiner import CombinerConfig, Pairs, Table, TorchCombiner, reply_side, train
+from models.e5 import combiner as recipe
+from models.e5.combiner import CombinerConfig, DevSet, Pairs, Table, TorchCombiner, reply_side, train
 
 pytestmark = pytest.mark.training
 
@@ -62,3 +65,33 @@ def test_training_learns_to_lean_on_the_newest_turn() -> None:
     assert figures["final_loss"] < figures["first_loss"]
     gates = model.gate_bias.detach().numpy()
     assert gates[0] > gates[2]  # the newest turn weighs more than the oldest
+
+
+def test_the_rebuild_check_judges_both_combiners_on_this_cpus_vectors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    texts, vectors, pairs = synthetic(400)
+    table = Table(texts, vectors)
+    config = CombinerConfig(turns=3, epochs=2, batch_size=100, head=False)
+    trained = train(config, table, pairs, texts)[0].export(reply_side(config))
+    rng = np.random.default_rng(1)
+    scrambled = Combiner(  # a head of noise ten times the pooled turns: it finds nothing
+        trained.gate_bias, trained.gate_newest, trained.gate_own,
+        10 * rng.normal(size=(DIM, DIM)).astype(np.float32), trained.head_bias, trained.reply_side,
+    )  # fmt: skip
+    windows = [[texts[4 * i], texts[4 * i + 1], texts[4 * i + 2]] for i in range(100)]
+    dev = DevSet("synthetic", windows, [texts[4 * i + 3] for i in range(100)], [{i} for i in range(100)],
+                 np.array(["A", "B"] * 50))  # fmt: skip
+    row = {t: i for i, t in enumerate(texts)}
+    monkeypatch.setattr(recipe, "load", lambda bundle: (None, texts, row, table, pairs, [dev]))
+    # What each manifest recorded where it was trained: far from these vectors' figures, and unread.
+    recorded = {"synthetic": {"A": 0.0, "B": 0.0}}
+    spec = SimpleNamespace(combiner=SimpleNamespace(training={"half_a_b": recorded}))
+    monkeypatch.setattr(recipe, "open_bundle", lambda bundle: spec)
+    bundles = {}
+    for name, combiner in (("release", trained), ("rebuild", trained), ("noise", scrambled)):
+        bundles[name] = tmp_path / name
+        bundles[name].mkdir()
+        combiner.save(bundles[name] / COMBINER_FILE)
+    assert recipe.check(bundles["rebuild"], bundles["release"]) == 0
+    assert recipe.check(bundles["noise"], bundles["release"]) == 1
