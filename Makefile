@@ -112,7 +112,7 @@ STUDENT_LAYERS := artifacts/student-release
 STUDENT_BUNDLE := artifacts/bundles/multilingual-e5-l6-en-ko-int8
 STUDENT_PER_TURN := artifacts/bundles/e5-l6-per-turn
 train-student: e5-pack judge  ## the default -> 6-layer student -> its per-turn bundle (artifacts/bundles/e5-l6-per-turn)
-	$(PY) -m models.e5.student --pack $(E5_PACK)
+	$(PY) -m models.e5.student --pack $(E5_PACK) $(STUDENT_ARGS)
 	$(PY) -m models.e5.student --release $(STUDENT_LAYERS)
 	$(PY) -m models.e5.multilingual --student $(STUDENT_LAYERS) --out $(STUDENT_BUNDLE)
 	$(PY) -m models.e5.combiner --bundle $(STUDENT_BUNDLE) --out $(STUDENT_PER_TURN)
