@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from core.laps import Laps, lap
 from core.reactions import ReactionClassifier
 from core.store import IndexVersion
 from core.valence import Valence
@@ -30,6 +31,7 @@ class TurnReading:
     classifier: ReactionClassifier | None
     # [D] what a classifier without an encoder of its own reads: the turn's or the context's vector.
     own_vector: np.ndarray | None
+    laps: Laps | None = None  # where the reader's pass adds its seconds ("read_turn")
     _vector: np.ndarray | None = field(default=None, init=False, repr=False)
     _lean: float | None = field(default=None, init=False, repr=False)
 
@@ -39,7 +41,8 @@ class TurnReading:
             if self.classifier is None or (self.own_vector is None and self.classifier.reader is None):
                 raise ValueError("no classifier reads this turn")
             own = self.own_vector if self.own_vector is not None else np.zeros(0, np.float32)
-            self._vector = self.classifier.vector(self.turn, own)
+            with lap(self.laps, "read_turn"):
+                self._vector = self.classifier.vector(self.turn, own)
         return self._vector
 
     def lean(self) -> float | None:

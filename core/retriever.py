@@ -523,7 +523,7 @@ def turn_reading(serving: Serving, request: WalkRequest, vector: np.ndarray | No
     if classifier is None or (classifier.valence is None and vector is None):
         return None
     own = request.turn_vector if request.turn_vector is not None else request.context_vector
-    return TurnReading(request.window[-1], classifier, own if own is not None else vector)
+    return TurnReading(request.window[-1], classifier, own if own is not None else vector, request.laps)
 
 
 def search_queries(serving: Serving, vector: np.ndarray, k: int) -> tuple[list[float], list[int]]:

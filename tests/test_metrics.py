@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from pathlib import Path
 
 import httpx
@@ -12,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.main import create_app
 from app.metrics import REDIS_OPERATIONS, REINDEX_OUTCOMES
+from core.laps import Laps
 from tests.helpers import AppFactory, closed_port, loaded, settings_for
 
 pytestmark = pytest.mark.anyio
@@ -75,6 +77,16 @@ async def test_each_stage_of_a_request_is_timed(make_client: AppFactory) -> None
     assert count("cache_read") == 2
     assert count("search_replies") == 1 and count("search_queries") == 2  # reply matching once, query similarity twice
     assert all(value(samples, "chitchat_stage_seconds_sum", stage=s) > 0 for s in ("encode", "search_replies"))
+
+
+def test_a_stage_timed_inside_another_counts_once() -> None:
+    laps = Laps()
+    with laps.time("reactions"):
+        time.sleep(0.01)
+        with laps.time("read_turn"):
+            time.sleep(0.03)
+    assert laps.seconds["read_turn"] >= 0.03
+    assert 0.01 <= laps.seconds["reactions"] < 0.03  # the reader's pass is its own, not the reactions'
 
 
 async def test_reindex_jobs_and_redis_trouble_are_counted(

@@ -124,6 +124,15 @@ async def test_the_service_answers_a_reaction_from_the_last_turn(reader_dir: Pat
     assert info["reactions"]["labels"] == REACTION_LABELS
 
 
+async def test_the_readers_pass_is_a_stage_of_its_own(reader_dir: Path, make_client: AppFactory) -> None:
+    """Timed as read_turn, not inside the reactions or in no stage (`bench.profile` shows its share)."""
+    async with make_client(reactions_dir=reader_dir) as client:
+        body = {"context": ["hi there", "i lost my job today"], "strategies": ["reaction"], "k": 1}
+        assert (await client.post("/reply", json=body)).status_code == 200
+        metrics = (await client.get("/metrics")).text
+    assert 'chitchat_stage_seconds_count{stage="read_turn"} 1.0' in metrics
+
+
 async def test_without_a_reaction_model_a_bundle_without_a_head_has_no_reactions(client: httpx.AsyncClient) -> None:
     info = (await client.get("/info")).json()["model"]
     assert info["reaction_model"] is None and info["reactions"] is None

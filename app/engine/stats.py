@@ -46,6 +46,7 @@ STAGES = (
     "search_queries",  # FAISS over the stored queries
     "search_replies",  # FAISS over the stored replies
     "rerank",  # the poly head over the reply hits
+    "read_turn",  # the reaction model's own encoder over the last turn: the mood guard and the reactions read it
     "reactions",  # the reaction set or classifier
     "session_write",  # storing the user's turn and the reply
 )
