@@ -1,10 +1,14 @@
 """`make bench-profile`: what each stage of a `/reply` costs, at 1 and 32 clients.
 
     python -m bench.profile [--duration 20] [--clients 1 32] [--redis URL] [--artifacts DIR] [--sample N]
+                            [--mode cold|session|stateless]
 
 Serves the release bundle on its index (built by `make index`), drives it
 with wrk and `bench/load.lua` (every request a unique multi-turn context, so
-nothing comes from the embedding cache), and reads `chitchat_stage_seconds`
+nothing comes from the embedding cache), or, with `--mode session` or
+`stateless`, with `bench/conversation.lua` as `bench.load` does (held-out
+conversations played turn by turn: a per-turn bundle encodes only the new
+message), and reads `chitchat_stage_seconds`
 from /metrics before and after each run. Each stage's milliseconds per
 request is its seconds added up over the run, divided by the requests
 answered; `encode` is per encoder batch, so at 32 clients it is the batch's
@@ -32,7 +36,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench import reports
-from bench.load import ROOT, contexts, rss_mb, start, stop, write_bodies, wrk
+from bench.load import ROOT, contexts, conversations, rss_mb, start, stop, write_bodies, write_conversations, wrk
 from bench.service import free_port
 from core.bundle import RELEASE_BUNDLE, BundleManifest, open_bundle
 from core.machine import cpu
@@ -59,9 +63,11 @@ def stage_totals(url: str) -> tuple[dict[str, tuple[float, float]], float, float
     return {stage: (count, total) for stage, (count, total) in stages.items()}, answered, in_app
 
 
-def profile_run(url: str, port: int, clients: int, duration: int, bodies: Path, tag: str) -> dict[str, Any]:
+def profile_run(
+    url: str, port: int, clients: int, duration: int, bodies: Path, tag: str, mode: str = "cold"
+) -> dict[str, Any]:
     before, answered_before, in_app_before = stage_totals(url)
-    figures = wrk(port, clients, duration, bodies, tag)
+    figures = wrk(port, clients, duration, bodies, tag, mode)
     after, answered_after, in_app_after = stage_totals(url)
     answered = answered_after - answered_before
     in_app_ms = 1000 * (in_app_after - in_app_before) / answered
@@ -99,6 +105,7 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"- index: {report['index']}",
         f"- Redis: {report['redis'] or 'none (in-process sessions and cache)'}",
+        f"- mode: {report.get('mode', 'cold')} (`bench.load`'s modes)",
         f"- overhead_ms_per_request at 1 client: **{report['overhead_ms_per_request']}** "
         "(bar <= 2.0: the wall time per request less encode and the FAISS searches)",
         "",
@@ -137,6 +144,7 @@ def main() -> None:
     parser.add_argument("--artifacts", type=Path, default=ROOT / "artifacts")
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "profile")
     parser.add_argument("--sample", type=int, default=0, help="serve N candidates sampled from the index")
+    parser.add_argument("--mode", choices=("cold", "session", "stateless"), default="cold", help="as bench.load's")
     parser.add_argument(
         "--set", action="append", default=[], metavar="NAME=VALUE", help="a service setting, e.g. ort_spin_alone=0"
     )
@@ -171,12 +179,17 @@ def profile(args: argparse.Namespace, bundle: BundleManifest) -> None:
     server, _ = start(command, port, env)
     try:
         with tempfile.TemporaryDirectory() as scratch:
-            bodies = write_bodies(Path(scratch) / "bodies.txt", contexts()[:5000])
+            warmup = write_bodies(Path(scratch) / "bodies.txt", contexts()[:5000])
             nonce = os.urandom(3).hex()
-            wrk(port, 4, WARMUP_S, bodies, f"w{nonce}")
-            runs = [
-                profile_run(url, port, clients, args.duration, bodies, f"c{clients}{nonce}") for clients in args.clients
-            ]
+            wrk(port, 4, WARMUP_S, warmup, f"w{nonce}")
+            played = conversations()
+            size = len(played) // len(args.clients)  # each client count a slice: no run meets another's turns
+            runs = []
+            for j, clients in enumerate(args.clients):
+                bodies = warmup
+                if args.mode != "cold":
+                    bodies = write_conversations(Path(scratch) / f"c{clients}.tsv", played[j * size : (j + 1) * size])
+                runs.append(profile_run(url, port, clients, args.duration, bodies, f"c{clients}{nonce}", args.mode))
         rss = rss_mb(server.pid)
     finally:
         stop(server)
@@ -186,6 +199,7 @@ def profile(args: argparse.Namespace, bundle: BundleManifest) -> None:
         "cpu": {**cpu(), "cores": os.cpu_count()},
         "index": f"{version} ({manifest.replies} replies, {manifest.queries} queries)",
         "redis": args.redis,
+        "mode": args.mode,
         "settings": args.set,
         "overhead_ms_per_request": one.get("overhead_ms_per_request"),  # measured at 1 client only
         "rss_mb": round(rss, 1),
