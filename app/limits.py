@@ -53,12 +53,26 @@ class _Counts(Protocol):
 
 
 async def _run_counted(counts: _Counts, app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
-    """The request, counted in `counts.in_flight` while it runs."""
+    """The request, counted in `counts.in_flight` until its answer is sent (or it ends unanswered).
+
+    Not until the app returns: a client that sends its next request the moment an answer arrives
+    (wrk, a chat app's next turn) could otherwise meet its own last request still counted, the
+    app's tail after the answer not yet run, and get a 429 with every other slot free."""
     counts.in_flight += 1
+    counted = True
+
+    async def answer(message: Message) -> None:
+        nonlocal counted
+        if counted and message["type"] == "http.response.body" and not message.get("more_body", False):
+            counted = False
+            counts.in_flight -= 1
+        await send(message)
+
     try:
-        await app(scope, receive, send)
+        await app(scope, receive, answer)
     finally:
-        counts.in_flight -= 1
+        if counted:
+            counts.in_flight -= 1
 
 
 @dataclass

@@ -220,6 +220,45 @@ async def test_past_the_in_flight_limit_a_request_is_refused_before_its_body_is_
     assert admission.refused == 1 and again.status_code == 200
 
 
+async def test_a_request_holds_its_slot_until_answered_not_until_its_tail_has_run() -> None:
+    """A client that asks again the moment its answer comes must find its slot free, whatever the
+    answered request's middleware still does (logs, metrics): at as many clients as slots, the
+    slot held to the end was a 429 with every other slot free."""
+    from app.limits import Admission, AdmissionLimit
+
+    tail = asyncio.Event()
+    tails_waiting = 0
+
+    async def answers_then_lingers(scope: Any, receive: Any, send: Any) -> None:
+        nonlocal tails_waiting
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+        tails_waiting += 1
+        await tail.wait()
+
+    admission = Admission(max_in_flight=1)
+    limited = AdmissionLimit(answers_then_lingers, admission, paths=frozenset({"/reply"}), max_drain_bytes=1 << 20)
+    scope = {"type": "http", "path": "/reply", "method": "POST", "headers": []}
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    first = asyncio.create_task(limited(scope, receive, send))
+    await asyncio.wait_for(until(lambda: tails_waiting == 1), timeout=10)
+    assert admission.in_flight == 0  # answered: the slot is free though its app has not returned
+    second = asyncio.create_task(limited(scope, receive, send))
+    await asyncio.wait_for(until(lambda: tails_waiting == 2), timeout=10)
+    tail.set()
+    await asyncio.gather(first, second)
+    assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [200, 200]
+    assert admission.in_flight == 0 and admission.refused == 0
+
+
 async def test_a_refused_request_is_drained_no_further_than_the_body_limit() -> None:
     """An overloaded server must not read a huge upload whole just to refuse it."""
     from app.limits import Admission, AdmissionLimit
