@@ -166,11 +166,14 @@ class Avoid:
         return len(self.texts) + len(self.turns) + len(self.ids)
 
     def blocks(self, text: str, id: str = "", row: int = -1) -> bool:
-        """row: the hit's stored reply row, which `mood` reads; -1 for a reaction."""
-        if id in self.ids or (self.mood is not None and row >= 0 and self.mood.blocks(row)):
+        """row: the hit's stored reply row, which `mood` reads; -1 for a reaction. The mood is asked
+        last: it may read the turn (an encoder pass), which a hit blocked anyway need not cost."""
+        if id in self.ids:
             return True
         normalized = normalize(text)
-        return normalized in self.texts or echoes(normalized, self.turns, normalized=True)
+        if normalized in self.texts or echoes(normalized, self.turns, normalized=True):
+            return True
+        return self.mood is not None and row >= 0 and self.mood.blocks(row)
 
 
 def distinct(hits: list[Scored], k: int, avoid: Avoid) -> list[Scored]:
@@ -332,9 +335,10 @@ def reply_matching(
 
     context_vector: [D]. With poly_vectors ([m, D]) the FAISS top
     `rerank_depth` are rescored by the poly head before the top k are taken.
-    At least `confidence.DEPTH` hits come back, for the confidence features;
-    the caller keeps k. `script`: the conversation's (`in_script`). `only`:
-    the rows a request's filter admits.
+    Every distinct hit the search found comes back, at least `confidence.DEPTH`
+    where there are as many, for the confidence features; the caller keeps k.
+    `script`: the conversation's (`in_script`). `only`: the rows a request's
+    filter admits.
     """
     index = serving.index
     wanted = max(k, confidence.DEPTH)
@@ -353,7 +357,18 @@ def reply_matching(
         Scored(row, index.reply_ids[row], index.reply_texts[row], score, "reply_matching")
         for score, row in zip(scores.tolist(), rows.tolist(), strict=True)
     ]
-    return distinct(in_script(hits, script, avoid), wanted, avoid)
+    # Every distinct hit, not only the `wanted`: where the mood guard passes some over (`served`),
+    # the next come from the same search.
+    return distinct(in_script(hits, script, avoid), len(hits), avoid)
+
+
+def served(hits: list[Scored], k: int, guard: MoodGuard | None) -> list[Scored]:
+    """The first k of reply matching's hits that the mood guard lets through. Only these are served,
+    so only these may need the turn read: the confidence features read the hits before the guard, as
+    they were fitted (models/walk.py), and a request whose served hits take no side never reads it."""
+    if guard is None:
+        return hits[:k]
+    return list(itertools.islice((h for h in hits if not guard.blocks(h.reply_row)), k))
 
 
 def reaction(
@@ -463,55 +478,56 @@ def walk_in(serving: Serving, request: WalkRequest, language: str | None) -> Ans
     only = admitted(serving.index, searched) if searched else None
     avoid = replace(request.avoid, ids=request.avoid.ids | rule.exclude_ids) if rule else request.avoid
     reading = turn_reading(serving, request)
-    if reading is not None and serving.index.reply_moods is not None:
-        avoid = replace(avoid, mood=MoodGuard(serving.index.reply_moods, reading))
+    moods = serving.index.reply_moods
+    guard = MoodGuard(moods, reading) if reading is not None and moods is not None else None
+    guarded = replace(avoid, mood=guard)  # what is served must also pass the mood guard
     can_react = "reaction" in allowed and serving.reactions_apply(script, rule)
     query_hits: Callable[[], list[Scored]] | None = None  # the fallback's: rarely needed, so searched only then
     if "query_similarity" in allowed and request.query_vector is not None:
         query_hits = partial(
-            _query_hits, serving, request.query_vector, k, avoid, request.window[-1], script, request.laps, only
+            _query_hits, serving, request.query_vector, k, guarded, request.window[-1], script, request.laps, only
         )
         # It answers only on a near copy of a stored query (6-7% of test turns), which the narrowest
         # search finds when there is one; only then do its hits need the full search. The hits come
         # best first, so the first under the threshold ends the look: no hit after it could answer.
         at_least = thresholds.query_similarity
         looked = query_hits(narrow=True, at_least=at_least)
-        best = next((h for h in looked if h.score < at_least or not avoid.blocks(h.text, h.id, h.reply_row)), None)
+        best = next((h for h in looked if h.score < at_least or not guarded.blocks(h.text, h.id, h.reply_row)), None)
         if best is not None and best.score >= at_least:
-            hits = distinct(query_hits(), k, avoid)
+            hits = distinct(query_hits(), k, guarded)
             if hits and hits[0].score >= at_least:
                 return Answer(hits[0], hits)
-    matched: list[Scored] = []
+    matched: list[Scored] = []  # reply matching's hits that may be served
     confidence = None
     vector = request.context_vector
     if "reply_matching" in allowed and vector is not None:
-        matched = reply_matching(
+        found = reply_matching(
             serving, vector, k, avoid, request.poly_vectors, request.rerank_depth, script, request.laps, only
         )
-        if matched:
+        matched = served(found, k, guard)
+        if found:
             threshold = thresholds.reply_matching
             if serving.confidence is not None:
-                features = confidence_features([h.score for h in matched], request.window, matched[0].text)
+                features = confidence_features([h.score for h in found], request.window, found[0].text)
                 confidence = serving.confidence(features)
                 if serving.share is not None:
                     serving.share.observe(confidence)
                     if not request.threshold_given:
                         threshold = serving.share.threshold()
-            sure = (matched[0].score if confidence is None else confidence) >= threshold
-            reranked = request.poly_vectors is not None
-            if sure or not can_react:
-                return Answer(matched[0], matched[:k], reranked, confidence)
+            sure = (found[0].score if confidence is None else confidence) >= threshold
+            if matched and (sure or not can_react):
+                return Answer(matched[0], matched, request.poly_vectors is not None, confidence)
     if can_react and vector is not None:
         with lap(request.laps, "reactions"):
             read = reading or turn_reading(serving, request, vector)
-            reactions = reaction(serving, read, vector, k, avoid, script, rule)
+            reactions = reaction(serving, read, vector, k, guarded, script, rule)
         if reactions:
             # The retrieved replies it passed over are the alternatives worth showing.
             shown = [reactions[0], *matched][:k] if matched else reactions
             return Answer(reactions[0], shown, False, confidence)
     if matched:
-        return Answer(matched[0], matched[:k], request.poly_vectors is not None, confidence)
-    fallback = distinct(query_hits(), k, avoid) if query_hits else []
+        return Answer(matched[0], matched, request.poly_vectors is not None, confidence)
+    fallback = distinct(query_hits(), k, guarded) if query_hits else []
     return Answer(fallback[0], fallback) if fallback else None
 
 

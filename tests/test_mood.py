@@ -9,8 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import core.retriever as retriever
 from app.engine.runtime import build_runtime
-from core.bundle import Thresholds, ValenceSpec, open_bundle
+from core.bundle import ConfidenceSpec, Thresholds, ValenceSpec, open_bundle
+from core.confidence import ConfidenceModel
 from core.encoder import Encoder
 from core.mood import MoodGuard, TurnReading, reply_moods
 from core.reactions import ReactionClassifier
@@ -211,3 +213,67 @@ def test_the_guard_holds_back_cheer_before_a_turn_is_sure_bad_news() -> None:
     assert held.guarded_side("it went badly", -0.5) == -1  # ... but no cheerful reply answers it
     assert held.guarded_side("it went well", 0.5) == 0  # sympathy is held back only from sure good news
     assert held.guarded_side("it went well", 1.0) == 1
+
+
+def test_only_the_hits_served_read_the_turn_and_the_confidence_reads_them_all_as_fitted(
+    artifacts: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reply that takes a side below the k served costs no read of the turn; one within them
+    does, and is passed over for the next hit. The confidence features read the hits before the
+    guard, as models/walk.py fits them, so passing a reply over does not move the confidence."""
+    serving = build_runtime(settings_for(artifacts)).current()
+    dim = serving.encoder.dim
+    reads: list[str] = []
+
+    class Counting(TurnReading):
+        def lean(self) -> float | None:
+            reads.append(self.turn)
+            return super().lean()
+
+    head = ReactionClassifier(
+        ["that's awesome!", "oh no", "oh I see"],
+        np.zeros((3, dim), np.float32),
+        np.array([2.0, 1.0, 0.0], np.float32),
+        "en",
+        axes=np.zeros((1, dim), np.float32),
+        axis_of=np.array([0, 0, -1]),
+        pole=np.array([1.0, -1.0, 0.0], np.float32),
+        axis_names=["valence"],
+    ).with_valence(word_valence(dim=dim))
+    turn = "I got fired today"
+    vector = serving.encoder.encode([turn], side="context")[0]
+    request = WalkRequest(
+        window=[turn],
+        allowed=["reply_matching"],
+        k=2,
+        thresholds=Thresholds(query_similarity=-1.0, reply_matching=-1.0),
+        avoid=Avoid.of([turn]),
+        query_vector=None,
+        context_vector=vector,
+        poly_vectors=None,
+        script="Latin",
+    )
+    # A confidence that reads the second hit's score: it moves if the guard's choice reaches it.
+    spread = ConfidenceModel(ConfidenceSpec(["margin"], [0.0], [1.0], [1.0], 0.0, [i / 100 for i in range(101)], 0.7))
+    serving = replace(serving, confidence=spread, share=None)
+    plain = walk(replace(serving, reactions=head), request)
+    assert plain is not None and len(plain.candidates) == 2 and plain.confidence is not None
+    rows = [h.reply_row for h in plain.candidates]
+    monkeypatch.setattr(retriever, "TurnReading", Counting)
+
+    def walked(moods: np.ndarray) -> tuple[list[int], float | None]:
+        index = replace(serving.index)
+        index.reply_moods = moods
+        answer = walk(replace(serving, index=index, reactions=head), request)
+        assert answer is not None
+        return [h.reply_row for h in answer.candidates], answer.confidence
+
+    cheerful_elsewhere = np.ones(len(serving.index.reply_texts), np.int8)
+    cheerful_elsewhere[rows] = 0  # the two served take no side; every other reply is cheerful
+    assert walked(cheerful_elsewhere) == (rows, plain.confidence)
+    assert reads == []
+    cheerful_first = np.zeros(len(serving.index.reply_texts), np.int8)
+    cheerful_first[rows[0]] = 1
+    served_rows, confidence = walked(cheerful_first)
+    assert reads and served_rows[0] == rows[1] and rows[0] not in served_rows
+    assert confidence == plain.confidence
