@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -19,7 +19,7 @@ import numpy as np
 
 from core import confidence, filters
 from core.bundle import BundleManifest, Thresholds
-from core.confidence import ConfidenceModel, ShareThreshold
+from core.confidence import DEPTH, ConfidenceModel, ShareThreshold
 from core.confidence import features as confidence_features
 from core.context import Combiner
 from core.encoder import Encoder
@@ -258,6 +258,20 @@ def in_script(hits: list[Scored], script: str | None, avoid: Avoid | None = None
     return same or hits
 
 
+def kept(hits: list[Scored], script: str | None, avoid: Avoid) -> Iterator[Scored]:
+    """`distinct(in_script(hits, script, avoid), len(hits), avoid)`, lazily and with each hit checked
+    once: the echo check is most of a hit's cost, and a caller takes the first few."""
+    latin = script == "Latin"
+    seen: set[int] = set()
+    for hit in hits:
+        in_its_script = script is None or (latin and hit.text.isascii()) or script_of([hit.text]) in (script, None)
+        if in_its_script and hit.reply_row not in seen and not avoid.blocks(hit.text, hit.id, hit.reply_row):
+            seen.add(hit.reply_row)
+            yield hit
+    if not seen and script is not None:  # none in its script that may answer: the best hits, as they are
+        yield from distinct(hits, len(hits), avoid)
+
+
 # A few stored texts can be echoes or excluded; search this much deeper than k.
 OVERFETCH = 8
 
@@ -335,11 +349,27 @@ def reply_matching(
 
     context_vector: [D]. With poly_vectors ([m, D]) the FAISS top
     `rerank_depth` are rescored by the poly head before the top k are taken.
-    Every distinct hit the search found comes back, at least `confidence.DEPTH`
-    where there are as many, for the confidence features; the caller keeps k.
-    `script`: the conversation's (`in_script`). `only`: the rows a request's
-    filter admits.
+    At least `confidence.DEPTH` hits come back, for the confidence features;
+    the caller keeps k. `script`: the conversation's (`in_script`). `only`:
+    the rows a request's filter admits.
     """
+    found = reply_hits(serving, context_vector, k, avoid, poly_vectors, rerank_depth, script, laps, only)
+    return list(itertools.islice(found, max(k, confidence.DEPTH)))
+
+
+def reply_hits(
+    serving: Serving,
+    context_vector: np.ndarray,
+    k: int,
+    avoid: Avoid,
+    poly_vectors: np.ndarray | None = None,
+    rerank_depth: int = 50,
+    script: str | None = None,
+    laps: Laps | None = None,
+    only: Admitted | None = None,
+) -> Iterator[Scored]:
+    """`reply_matching`'s hits, best first, checked against `avoid` only as they are taken: a caller
+    that passes some over (the mood guard, `served`) takes the next from the same search."""
     index = serving.index
     wanted = max(k, confidence.DEPTH)
     depth = max(wanted, rerank_depth) if poly_vectors is not None else wanted
@@ -357,18 +387,14 @@ def reply_matching(
         Scored(row, index.reply_ids[row], index.reply_texts[row], score, "reply_matching")
         for score, row in zip(scores.tolist(), rows.tolist(), strict=True)
     ]
-    # Every distinct hit, not only the `wanted`: where the mood guard passes some over (`served`),
-    # the next come from the same search.
-    return distinct(in_script(hits, script, avoid), len(hits), avoid)
+    return kept(hits, script, avoid)
 
 
-def served(hits: list[Scored], k: int, guard: MoodGuard | None) -> list[Scored]:
+def served(hits: Iterable[Scored], k: int, guard: MoodGuard | None) -> list[Scored]:
     """The first k of reply matching's hits that the mood guard lets through. Only these are served,
     so only these may need the turn read: the confidence features read the hits before the guard, as
     they were fitted (models/walk.py), and a request whose served hits take no side never reads it."""
-    if guard is None:
-        return hits[:k]
-    return list(itertools.islice((h for h in hits if not guard.blocks(h.reply_row)), k))
+    return list(itertools.islice((h for h in hits if guard is None or not guard.blocks(h.reply_row)), k))
 
 
 def reaction(
@@ -501,10 +527,11 @@ def walk_in(serving: Serving, request: WalkRequest, language: str | None) -> Ans
     confidence = None
     vector = request.context_vector
     if "reply_matching" in allowed and vector is not None:
-        found = reply_matching(
+        ranked = reply_hits(
             serving, vector, k, avoid, request.poly_vectors, request.rerank_depth, script, request.laps, only
         )
-        matched = served(found, k, guard)
+        found = list(itertools.islice(ranked, max(k, DEPTH)))  # what the confidence features read
+        matched = served(itertools.chain(found, ranked), k, guard)
         if found:
             threshold = thresholds.reply_matching
             if serving.confidence is not None:

@@ -1,4 +1,5 @@
-"""Properties over generated inputs (hypothesis): session keys and text normalisation."""
+"""Properties over generated inputs (hypothesis): session keys, text normalisation, and the hits the
+retriever keeps."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from app.engine.cache import EmbeddingCache
 from app.engine.kv import open_store
 from app.engine.sessions import SessionStore
 from app.schemas import MAX_SESSION_ID_CHARS, SessionId
+from core.retriever import Avoid, Scored, distinct, in_script, kept
 from core.text import Signature, near_copy, normalize
 
 SESSION_ID = TypeAdapter(SessionId)
@@ -73,3 +75,19 @@ def test_near_copy_is_symmetric_and_reflexive(a: str, b: str) -> None:
     x, y = Signature.of(a), Signature.of(b)
     assert near_copy(x, y) == near_copy(y, x)
     assert near_copy(x, x)
+
+
+LINES = ["hi there", "hi there!", "안녕하세요", "electric sheep을 꿨습니다.", "😂", "see you tomorrow", "내일 봐"]
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 5), st.sampled_from(LINES)), max_size=12),
+    st.sampled_from([None, "Latin", "Hangul"]),
+    st.lists(st.sampled_from(LINES), max_size=3),
+)
+def test_kept_is_the_script_then_distinct_filter_one_check_a_hit(
+    rows: list[tuple[int, str]], script: str | None, turns: list[str]
+) -> None:
+    hits = [Scored(row, f"r{row}", text, 1.0 - i / 100, "reply_matching") for i, (row, text) in enumerate(rows)]
+    avoid = Avoid.of(turns)
+    assert list(kept(hits, script, avoid)) == distinct(in_script(hits, script, avoid), len(hits), avoid)
