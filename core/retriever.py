@@ -17,7 +17,7 @@ from typing import Literal
 
 import numpy as np
 
-from core import confidence, filters
+from core import filters
 from core.bundle import BundleManifest, Thresholds
 from core.confidence import DEPTH, ConfidenceModel, ShareThreshold
 from core.confidence import features as confidence_features
@@ -349,12 +349,12 @@ def reply_matching(
 
     context_vector: [D]. With poly_vectors ([m, D]) the FAISS top
     `rerank_depth` are rescored by the poly head before the top k are taken.
-    At least `confidence.DEPTH` hits come back, for the confidence features;
+    At least `DEPTH` hits come back, for the confidence features;
     the caller keeps k. `script`: the conversation's (`in_script`). `only`:
     the rows a request's filter admits.
     """
     found = reply_hits(serving, context_vector, k, avoid, poly_vectors, rerank_depth, script, laps, only)
-    return list(itertools.islice(found, max(k, confidence.DEPTH)))
+    return list(itertools.islice(found, max(k, DEPTH)))
 
 
 def reply_hits(
@@ -371,7 +371,7 @@ def reply_hits(
     """`reply_matching`'s hits, best first, checked against `avoid` only as they are taken: a caller
     that passes some over (the mood guard, `served`) takes the next from the same search."""
     index = serving.index
-    wanted = max(k, confidence.DEPTH)
+    wanted = max(k, DEPTH)
     depth = max(wanted, rerank_depth) if poly_vectors is not None else wanted
     with lap(laps, "search_replies"):
         scores, rows = _search(index, "replies", context_vector, depth + len(avoid) + OVERFETCH, only)
