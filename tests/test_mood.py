@@ -166,12 +166,9 @@ def test_the_build_scores_each_reply_once_and_the_version_keeps_it(tmp_path: Pat
     np.testing.assert_array_equal(reply_moods(loaded, other), -want)
 
 
-def test_no_strategy_serves_a_cheerful_reply_to_sure_bad_news(artifacts: Path) -> None:
-    """Every stored reply but one marked cheerful: to "I got fired today" the walk serves that one or a
-    reaction, whichever strategy found it; to a neutral turn the guard passes everything."""
-    serving = build_runtime(settings_for(artifacts)).current()
-    dim = serving.encoder.dim
-    head = ReactionClassifier(
+def served_head(dim: int) -> ReactionClassifier:
+    """`classifier`'s three reactions at a served encoder's width, reading valence by WORDS alone."""
+    return ReactionClassifier(
         ["that's awesome!", "oh no", "oh I see"],
         np.zeros((3, dim), np.float32),
         np.array([2.0, 1.0, 0.0], np.float32),
@@ -181,6 +178,14 @@ def test_no_strategy_serves_a_cheerful_reply_to_sure_bad_news(artifacts: Path) -
         pole=np.array([1.0, -1.0, 0.0], np.float32),
         axis_names=["valence"],
     ).with_valence(word_valence(dim=dim))
+
+
+def test_no_strategy_serves_a_cheerful_reply_to_sure_bad_news(artifacts: Path) -> None:
+    """Every stored reply but one marked cheerful: to "I got fired today" the walk serves that one or a
+    reaction, whichever strategy found it; to a neutral turn the guard passes everything."""
+    serving = build_runtime(settings_for(artifacts)).current()
+    dim = serving.encoder.dim
+    head = served_head(dim)
     index = replace(serving.index)  # this test's own copy: the moods are set on it
     index.reply_moods = np.ones(len(index.reply_texts), np.int8)
     keep = len(index.reply_texts) // 2
@@ -230,16 +235,7 @@ def test_only_the_hits_served_read_the_turn_and_the_confidence_reads_them_all_as
             reads.append(self.turn)
             return super().lean()
 
-    head = ReactionClassifier(
-        ["that's awesome!", "oh no", "oh I see"],
-        np.zeros((3, dim), np.float32),
-        np.array([2.0, 1.0, 0.0], np.float32),
-        "en",
-        axes=np.zeros((1, dim), np.float32),
-        axis_of=np.array([0, 0, -1]),
-        pole=np.array([1.0, -1.0, 0.0], np.float32),
-        axis_names=["valence"],
-    ).with_valence(word_valence(dim=dim))
+    head = served_head(dim)
     turn = "I got fired today"
     vector = serving.encoder.encode([turn], side="context")[0]
     request = WalkRequest(
